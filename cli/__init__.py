@@ -1,0 +1,1 @@
+"""The `graphsync` command line: a thin click shell over the graphsync library."""

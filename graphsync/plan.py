@@ -1,0 +1,170 @@
+"""Pairing the same layer across towers, and checking everything before the first edit.
+
+The plan is plain data: which ops form each synchronized layer, where its aggregation runs and
+which gradient ops its backward replaces. Building it never changes the graph, so a graph that
+cannot be rewritten is left exactly as it was.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import tensorflow as tf
+
+from graphsync import match, tf_private
+from graphsync.errors import GraphsyncError
+from graphsync.stats import Layout
+from graphsync.towers import ROOT, Tower, find_towers, tower_of
+
+
+@dataclasses.dataclass
+class Site:
+    """One layer in one tower: its op and the gradient ops that differentiate it."""
+
+    tower: Tower
+    op: tf.Operation
+    grad_ops: list
+
+    @property
+    def device(self) -> str:
+        return self.op.device
+
+
+@dataclasses.dataclass
+class LayerPlan:
+    """One layer to synchronize: the same op in every tower, and its common attributes."""
+
+    name: str
+    kind: str
+    sites: list[Site]
+    layout: Layout
+    epsilon: float
+    avg_factor: float
+
+    @property
+    def has_gradients(self) -> bool:
+        return bool(self.sites[0].grad_ops)
+
+
+@dataclasses.dataclass
+class Plan:
+    towers: list[Tower]
+    device: str
+    layers: list[LayerPlan]
+    skipped: list[tuple[str, str]]
+
+
+def make_plan(graph: tf.Graph, towers=None, device: str | None = None) -> Plan:
+    """Everything the splice needs, validated; raises GraphsyncError and leaves the graph alone."""
+    candidates = match.fused_candidates(graph)
+    skipped = [(c.name, c.skip_reason) for c in candidates if c.skip_reason]
+    live = [c for c in candidates if not c.skip_reason]
+    explicit = towers is not None
+    found_towers = find_towers([c.name for c in candidates], towers)
+    if not live:
+        return Plan(found_towers, device or "", [], skipped)
+    if not found_towers:
+        raise GraphsyncError(
+            f"no towers found among {len(live)} batch-norm ops (e.g. {live[0].name}): expected scopes "
+            "like tower_0/, tower0/, clone_0/, replica_1/; name yours with towers=REGEX or a list of prefixes")
+
+    by_layer: dict[str, dict[Tower, tf.Operation]] = {}
+    for cand in live:
+        tower = tower_of(cand.name, found_towers)
+        if tower is None:
+            skipped.append((cand.name, "outside every tower"))
+            continue
+        by_layer.setdefault(cand.name[len(tower.prefix):], {})[tower] = cand.op
+
+    found_towers = _drop_unpaired_root(found_towers, by_layer, explicit)
+    _reject_hidden_batch_norms(graph, found_towers)
+    if len(found_towers) < 2:
+        for ops in by_layer.values():
+            skipped.extend((op.name, "single tower: nothing to synchronize with") for op in ops.values())
+        return Plan(found_towers, device or "", [], skipped)
+
+    layers = []
+    for name, ops in sorted(by_layer.items()):
+        ops = {t: op for t, op in ops.items() if t in found_towers}
+        if not ops:
+            continue
+        if set(ops) == {found_towers[0]} and found_towers[0].prefix == ROOT and not explicit:
+            skipped.append((ops[found_towers[0]].name, "outside every tower"))
+            continue
+        layers.append(_layer_plan(name, [(t, ops.get(t)) for t in found_towers]))
+    return Plan(found_towers, device or default_device(layers[0].sites[0].op) if layers else "",
+                layers, skipped)
+
+
+def _drop_unpaired_root(towers, by_layer, explicit):
+    """An auto-detected root tower stays only if it holds a counterpart of a numbered tower's layer."""
+    if explicit or not towers or towers[0].prefix != ROOT:
+        return towers
+    root = towers[0]
+    if any(root in ops and len(ops) > 1 for ops in by_layer.values()):
+        return towers
+    for ops in by_layer.values():
+        ops.pop(root, None)
+    return [Tower(i, t.prefix) for i, t in enumerate(towers[1:])]
+
+
+def _reject_hidden_batch_norms(graph: tf.Graph, towers):
+    """Batch norms in control-flow function bodies are invisible to the rewrite: refuse loudly when
+    they would run inside a tower (a tensor-valued `training` flag under control flow v2)."""
+    tainted = match.functions_with_training_batch_norm(graph)
+    if not tainted:
+        return
+    for op in graph.get_operations():
+        if op.type in match.FUNCTION_CALL_TYPES and match.called_functions(op) & tainted:
+            if tower_of(op.name, towers) is not None:
+                raise GraphsyncError(
+                    f"{op.name} ({op.type}) runs a batch norm inside a function body, which graphsync cannot "
+                    "rewrite: pass training=True as a Python bool, or call "
+                    "tf.compat.v1.disable_control_flow_v2() before building the model")
+
+
+def _layer_plan(name: str, per_tower) -> LayerPlan:
+    missing = [t.label for t, op in per_tower if op is None]
+    present = [op for _, op in per_tower if op is not None]
+    if missing:
+        raise GraphsyncError(
+            f"layer {name!r} ({present[0].name}) is missing from tower(s) {', '.join(missing)}: "
+            "every tower must build the same layers (or pass towers= to choose the towers)")
+    for op in present:
+        if tf_private.control_flow_context(op) is not None:
+            raise GraphsyncError(
+                f"{op.name} sits inside a v1 tf.cond/while_loop, which graphsync cannot rewrite: "
+                "pass training=True as a Python bool instead of a tensor")
+    first = present[0]
+    rank = first.inputs[0].shape.rank
+    layout = Layout.from_data_format(rank or 4, first.get_attr("data_format").decode())
+    attrs = [_signature(op) for op in present]
+    for op, sig in zip(present[1:], attrs[1:]):
+        if sig != attrs[0]:
+            diff = ", ".join(f"{k}: {attrs[0][k]} vs {sig[k]}" for k in sig if sig[k] != attrs[0][k])
+            raise GraphsyncError(f"{first.name} and {op.name} are paired as layer {name!r} but differ ({diff})")
+    if rank is None:
+        raise GraphsyncError(f"{first.name}: the rank of its input is unknown; set a static rank")
+    sites = [Site(t, op, match.fused_gradient_ops(op)) for t, op in per_tower]
+    counts = {s.tower.label: len(s.grad_ops) for s in sites}
+    if len(set(counts.values())) > 1:
+        raise GraphsyncError(
+            f"layer {name!r} has a different number of gradient ops per tower ({counts}): "
+            "build gradients for every tower, or rewrite before building them")
+    avg = first.get_attr("exponential_avg_factor") if first.type == "FusedBatchNormV3" else 1.0
+    return LayerPlan(name, "fused", sites, layout, first.get_attr("epsilon"), avg)
+
+
+def _signature(op: tf.Operation) -> dict:
+    """The attributes paired ops must share."""
+    channels = op.inputs[1].shape[0] if op.inputs[1].shape.rank == 1 else None
+    return {"type": op.type, "channels": channels, "dtype": op.inputs[0].dtype.name,
+            "rank": op.inputs[0].shape.rank, "epsilon": op.get_attr("epsilon"),
+            "data_format": op.get_attr("data_format").decode(),
+            "exponential_avg_factor": op.get_attr("exponential_avg_factor")
+            if op.type == "FusedBatchNormV3" else 1.0}
+
+
+def default_device(op: tf.Operation) -> str:
+    """The CPU of the host of the first tower, as in the seed's hand-written version."""
+    spec = tf.DeviceSpec.from_string(op.device or "")
+    return spec.replace(device_type="CPU", device_index=0).to_string()

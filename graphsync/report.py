@@ -1,0 +1,63 @@
+"""What a rewrite did, for people (`str(report)`) and programs (`report.to_dict()`)."""
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerReport:
+    """One synchronized layer: its tower-independent name, op kind, and the op in each tower."""
+
+    name: str
+    kind: str
+    tower_ops: tuple[str, ...]
+    backward: str  # "rewritten" (gradient ops replaced) or "autodiff" (gradients built later)
+
+
+@dataclasses.dataclass(frozen=True)
+class SkippedReport:
+    op: str
+    reason: str
+
+
+@dataclasses.dataclass
+class RewriteReport:
+    towers: list[str]
+    device: str
+    layers: list[LayerReport] = dataclasses.field(default_factory=list)
+    skipped: list[SkippedReport] = dataclasses.field(default_factory=list)
+    edges_moved: int = 0
+    grad_ops_replaced: int = 0
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.layers)
+
+    @property
+    def summary(self) -> str:
+        if not self.layers:
+            already = sum("already synchronized" in s.reason for s in self.skipped)
+            why = f"{already} batch-norm ops already synchronized" if already else "no batch norm to synchronize"
+            return f"nothing changed: {why} ({len(self.towers)} towers)"
+        kinds = sorted({layer.kind for layer in self.layers})
+        grads = "gradients rewritten" if any(l.backward == "rewritten" for l in self.layers) \
+            else "gradients not built yet"
+        return (f"{len(self.layers)} layers × {len(self.towers)} towers synchronized on {self.device or 'default'}"
+                f" ({', '.join(kinds)}; {grads})")
+
+    def to_dict(self) -> dict:
+        return {"summary": self.summary, "towers": self.towers, "device": self.device,
+                "layers": [dataclasses.asdict(l) for l in self.layers],
+                "skipped": [dataclasses.asdict(s) for s in self.skipped],
+                "edges_moved": self.edges_moved, "grad_ops_replaced": self.grad_ops_replaced}
+
+    def __str__(self) -> str:
+        lines = [self.summary]
+        if self.layers:
+            width = max(len(l.name) for l in self.layers)
+            lines.append(f"  {'layer':<{width}}  kind    backward   towers")
+            for l in self.layers:
+                lines.append(f"  {l.name:<{width}}  {l.kind:<6}  {l.backward:<9}  {len(l.tower_ops)}")
+        for s in self.skipped:
+            lines.append(f"  skipped {s.op}: {s.reason}")
+        return "\n".join(lines)

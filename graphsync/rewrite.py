@@ -1,0 +1,48 @@
+"""`rewrite_towers`: load → find towers → match layers → plan → splice → check."""
+from __future__ import annotations
+
+import tensorflow as tf
+
+from graphsync import match, splice, tf_private
+from graphsync.errors import GraphsyncError
+from graphsync.plan import Plan, make_plan
+from graphsync.report import LayerReport, RewriteReport, SkippedReport
+
+
+def rewrite_towers(graph: tf.Graph | None = None, *, towers=None, device: str | None = None) -> RewriteReport:
+    """Makes every batch norm in every tower of `graph` use the statistics of the whole multi-tower
+    batch, forward and backward, in place.
+
+    graph:   a tf.Graph (default: the default graph), before or after its gradients are built.
+    towers:  None to discover the usual scopes (tower_0/, tower_0/v0/, tower0/, clone_0/, replica_1/),
+             a regular expression matching each tower's prefix, or a list of prefixes ('' = root).
+    device:  where the statistics of all towers are combined (default: CPU 0 of tower 0's host).
+
+    Raises GraphsyncError, leaving the graph untouched, when the graph cannot be rewritten.
+    """
+    graph = graph if graph is not None else tf.compat.v1.get_default_graph()
+    if graph.finalized:
+        raise GraphsyncError("the graph is finalized (a MonitoredSession or Supervisor froze it): "
+                             "call rewrite_towers() before creating the session")
+    plan = make_plan(graph, towers, device)
+    report = RewriteReport([t.label for t in plan.towers], plan.device,
+                           skipped=[SkippedReport(op, why) for op, why in plan.skipped])
+    for layer in plan.layers:
+        count = splice.splice_fused_layer(graph, layer, plan.device)
+        report.edges_moved += count.edges
+        report.grad_ops_replaced += count.grad_ops_replaced
+        report.layers.append(LayerReport(layer.name, layer.kind, tuple(s.op.name for s in layer.sites),
+                                         "rewritten" if layer.has_gradients else "autodiff"))
+    _check(plan)
+    return report
+
+
+def _check(plan: Plan) -> None:
+    """After the splice nothing may still read an old op: it would keep running every step."""
+    for layer in plan.layers:
+        for site in layer.sites:
+            if match.is_live(site.op):
+                raise GraphsyncError(f"internal: {site.op.name} still has consumers after the rewrite")
+            for grad_op in site.grad_ops:
+                if any(t.consumers() for t in grad_op.outputs) or tf_private.control_outputs(grad_op):
+                    raise GraphsyncError(f"internal: {grad_op.name} still has consumers after the rewrite")

@@ -1,0 +1,141 @@
+"""Builds multi-tower training graphs the way TF1 users do, and their single-device reference.
+
+The reference runs the same model on one device over the concatenated batch; each tower's loss is
+the same per-example expression summed over that tower's slice, so Σ tower losses = reference loss
+and the towers' summed gradients must equal the reference gradient.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+tf1 = tf.compat.v1
+tf1.disable_eager_execution()
+
+CONFIG = tf1.ConfigProto(device_count={"CPU": 4}, inter_op_parallelism_threads=2,
+                         intra_op_parallelism_threads=1, allow_soft_placement=False)
+LEARNING_RATE = 0.1
+
+
+@dataclasses.dataclass
+class Built:
+    """One training graph and the tensors the comparison reads."""
+
+    graph: tf.Graph
+    inputs: list          # placeholders, one per tower
+    targets: list
+    outputs: list         # model output per tower
+    losses: list          # per-tower loss
+    grads: list           # per variable: the sum over towers of the tower gradients
+    train_op: tf.Operation
+    variables: list       # trainable, in a fixed order
+    moving: list          # non-trainable (moving statistics), in a fixed order
+
+
+def build(model_fn, batch_sizes, *, scope="tower_%d", devices=None, gradients="after", rewrite=None,
+          dtype=tf.float32, input_shape=(6, 6, 3), grad_divisor=None):
+    """Builds towers with `model_fn(x) -> (y, update_ops)`; `rewrite(graph)` is called before or
+    after the gradients exist, per `gradients` ('after', 'before', 'before-sum')."""
+    graph = tf.Graph()
+    n_towers = len(batch_sizes)
+    devices = devices or [f"/cpu:{i % 4}" for i in range(n_towers)]
+    with graph.as_default():
+        tf1.set_random_seed(1)
+        inputs, targets, outputs, losses, updates = [], [], [], [], []
+        for i in range(n_towers):
+            name = scope % i if "%" in scope else scope
+            with tf.device(devices[i]), _scope(name), \
+                    tf1.variable_scope(tf1.get_variable_scope(), reuse=tf1.AUTO_REUSE):
+                x = tf1.placeholder(dtype, (None,) + tuple(input_shape), name="x")
+                y, update_ops = model_fn(x)
+                t = tf1.placeholder(tf.float32, [None] + y.shape.as_list()[1:], name="target")
+                loss = tf.reduce_sum(tf.square(tf.cast(y, tf.float32) - t)) * 0.5
+                inputs.append(x), targets.append(t), outputs.append(y), losses.append(loss)
+                updates.append(update_ops)
+        variables = sorted(tf1.trainable_variables(), key=lambda v: v.name)
+        moving = sorted(set(tf1.global_variables()) - set(variables), key=lambda v: v.name)
+        if gradients == "before" or gradients == "before-sum":
+            rewrite and rewrite(graph)
+        if gradients == "before-sum":
+            summed = tf.gradients(tf.add_n(losses), variables)
+        else:
+            per_tower = []
+            for i, loss in enumerate(losses):
+                with tf.device(devices[i]), _scope(scope % i if "%" in scope else scope):
+                    per_tower.append(tf.gradients(loss, variables))
+            summed = [tf.add_n(list(gs)) for gs in zip(*per_tower)]
+        opt = tf1.train.GradientDescentOptimizer(LEARNING_RATE)
+        with tf.control_dependencies(updates[0]):  # the CIFAR10 pattern: tower 0's updates
+            train_op = opt.apply_gradients(zip([g / (grad_divisor or n_towers) for g in summed], variables))
+        if gradients == "after":
+            rewrite and rewrite(graph)
+        return Built(graph, inputs, targets, outputs, losses, summed, train_op, variables, moving)
+
+
+def _scope(name):
+    return tf.name_scope(name) if name else contextlib.nullcontext()
+
+
+def data(batch_sizes, input_shape, out_shape, seed=0, offset=0.0, dtype=np.float32):
+    rng = np.random.RandomState(seed)
+    total = sum(batch_sizes)
+    x = (rng.randn(total, *input_shape) * 2.0 + offset).astype(dtype)
+    t = rng.randn(total, *out_shape).astype(np.float32)
+    return x, t
+
+
+def run_step(built: Built, x, t, batch_sizes):
+    """One training step: outputs, losses, summed grads, then moving statistics after the update."""
+    splits = np.cumsum(batch_sizes)[:-1]
+    feed = {}
+    for ph, part in zip(built.inputs, np.split(x, splits)):
+        feed[ph] = part
+    for ph, part in zip(built.targets, np.split(t, splits)):
+        feed[ph] = part
+    with built.graph.as_default(), tf1.Session(graph=built.graph, config=CONFIG) as sess:
+        sess.run(tf1.global_variables_initializer())
+        outs, losses, grads = sess.run([built.outputs, built.losses, built.grads], feed)
+        sess.run(built.train_op, feed)
+        moving, variables = sess.run([built.moving, built.variables])
+    return {"output": np.concatenate([o.astype(np.float64) for o in outs]),
+            "loss": np.array(losses, np.float64), "grads": grads, "moving": moving, "variables": variables}
+
+
+def reference_step(model_fn, batch_sizes, x, t, **kw):
+    """The same model on one device with the concatenated batch; per-tower losses on its slices."""
+    ref = build(model_fn, [sum(batch_sizes)], scope="", devices=["/cpu:0"], gradients="after",
+                grad_divisor=len(batch_sizes), **kw)
+    result = run_step(ref, x, t, [sum(batch_sizes)])
+    per_example = np.square(result["output"] - t.astype(np.float64)).reshape(len(x), -1).sum(1) * 0.5
+    splits = np.cumsum(batch_sizes)[:-1]
+    result["loss"] = np.array([p.sum() for p in np.split(per_example, splits)])
+    return result
+
+
+def max_rel_error(got, want):
+    """Largest |got − want| over the largest |want| of each compared array."""
+    worst = 0.0
+    for g, w in zip(_flat(got), _flat(want)):
+        g, w = np.asarray(g, np.float64), np.asarray(w, np.float64)
+        assert g.shape == w.shape, (g.shape, w.shape)
+        scale = max(np.abs(w).max(), 1e-12) if w.size else 1.0
+        worst = max(worst, float(np.abs(g - w).max() / scale) if w.size else 0.0)
+    return worst
+
+
+def _flat(value):
+    if isinstance(value, dict):
+        for k in sorted(value):
+            yield from _flat(value[k])
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _flat(v)
+    else:
+        yield value

@@ -59,7 +59,9 @@ def make_plan(graph: tf.Graph, towers=None, device: str | None = None) -> Plan:
     skipped = [(c.name, c.skip_reason) for c in candidates if c.skip_reason]
     live = [c for c in candidates if not c.skip_reason]
     explicit = towers is not None
-    found_towers = find_towers([c.name for c in candidates], towers)
+    hidden = _calls_hiding_batch_norm(graph)
+    found_towers = find_towers([c.name for c in candidates] + [op.name for op in hidden], towers)
+    _reject_hidden(hidden, [t for t in found_towers if explicit or t.prefix != ROOT])
     if not live:
         return Plan(found_towers, device or "", [], skipped)
     if not found_towers:
@@ -76,7 +78,6 @@ def make_plan(graph: tf.Graph, towers=None, device: str | None = None) -> Plan:
         by_layer.setdefault(cand.name[len(tower.prefix):], {})[tower] = cand.op
 
     found_towers = _drop_unpaired_root(found_towers, by_layer, explicit)
-    _reject_hidden_batch_norms(graph, found_towers)
     if len(found_towers) < 2:
         for ops in by_layer.values():
             skipped.extend((op.name, "single tower: nothing to synchronize with") for op in ops.values())
@@ -107,19 +108,24 @@ def _drop_unpaired_root(towers, by_layer, explicit):
     return [Tower(i, t.prefix) for i, t in enumerate(towers[1:])]
 
 
-def _reject_hidden_batch_norms(graph: tf.Graph, towers):
-    """Batch norms in control-flow function bodies are invisible to the rewrite: refuse loudly when
-    they would run inside a tower (a tensor-valued `training` flag under control flow v2)."""
+def _calls_hiding_batch_norm(graph: tf.Graph) -> list:
+    """The If/While/call ops whose function bodies run a training batch norm (a tensor-valued
+    `training` flag under control flow v2), where get_operations() cannot see it."""
     tainted = match.functions_with_training_batch_norm(graph)
     if not tainted:
-        return
-    for op in graph.get_operations():
-        if op.type in match.FUNCTION_CALL_TYPES and match.called_functions(op) & tainted:
-            if tower_of(op.name, towers) is not None:
-                raise GraphsyncError(
-                    f"{op.name} ({op.type}) runs a batch norm inside a function body, which graphsync cannot "
-                    "rewrite: pass training=True as a Python bool, or call "
-                    "tf.compat.v1.disable_control_flow_v2() before building the model")
+        return []
+    return [op for op in graph.get_operations()
+            if op.type in match.FUNCTION_CALL_TYPES and match.called_functions(op) & tainted]
+
+
+def _reject_hidden(calls, towers):
+    """Refuses loudly when such a hidden batch norm would run inside a tower."""
+    for op in calls:
+        if tower_of(op.name, towers) is not None:
+            raise GraphsyncError(
+                f"{op.name} ({op.type}) runs a batch norm inside a function body, which graphsync cannot "
+                "rewrite: pass training=True as a Python bool, or call "
+                "tf.compat.v1.disable_control_flow_v2() before building the model")
 
 
 def _layer_plan(name: str, per_tower) -> LayerPlan:

@@ -61,3 +61,45 @@ def resnetish(depth=2, data_format="NHWC", version=3, avg_factor=None, channels=
         return _head(h, data_format), updates
 
     return model
+
+
+def layers_bn(depth=2, fused=True):
+    """tf.compat.v1.layers.batch_normalization, updates from the UPDATE_OPS collection."""
+
+    def model(x):
+        before = set(tf1.get_collection(tf1.GraphKeys.UPDATE_OPS))
+        h = _conv(x, 4, "stem")
+        for i in range(depth):
+            h = tf1.layers.batch_normalization(h, training=True, fused=fused, name=f"bn{i}",
+                                               gamma_initializer=tf1.random_uniform_initializer(0.5, 1.5, seed=i))
+            h = _conv(tf.nn.relu(h), 4, f"conv{i}")
+        updates = [u for u in tf1.get_collection(tf1.GraphKeys.UPDATE_OPS) if u not in before]
+        return _head(h), updates
+
+    return model
+
+
+def keras_bn(depth=2):
+    """tf_keras layers, one object per layer shared by all towers; updates from `layer.updates`."""
+    import tf_keras
+    per_graph = {}
+
+    def model(x):
+        layers = per_graph.setdefault(x.graph, {})
+        if not layers:
+            init = tf_keras.initializers.GlorotUniform(seed=1)
+            layers["stem"] = tf_keras.layers.Conv2D(4, 3, padding="same", use_bias=False, kernel_initializer=init)
+            for i in range(depth):
+                layers[f"bn{i}"] = tf_keras.layers.BatchNormalization(
+                    gamma_initializer=tf_keras.initializers.RandomUniform(0.5, 1.5, seed=i))
+                layers[f"conv{i}"] = tf_keras.layers.Conv2D(4, 3, padding="same", use_bias=False,
+                                                             kernel_initializer=init)
+            layers["head"] = tf_keras.layers.Dense(5, kernel_initializer=init)
+        seen = {name: len(layer.updates) for name, layer in layers.items()}
+        h = layers["stem"](x)
+        for i in range(depth):
+            h = layers[f"conv{i}"](tf.nn.relu(layers[f"bn{i}"](h, training=True)))
+        updates = [u for name, layer in layers.items() for u in layer.updates[seen[name]:]]
+        return layers["head"](tf.reduce_mean(h, [1, 2])), updates
+
+    return model

@@ -45,13 +45,14 @@ def build(model_fn, batch_sizes, *, scope="tower_%d", devices=None, gradients="a
     after the gradients exist, per `gradients` ('after', 'before', 'before-sum')."""
     graph = tf.Graph()
     n_towers = len(batch_sizes)
+    names = list(scope) if isinstance(scope, (list, tuple)) else \
+        [scope % i if "%" in scope else scope for i in range(n_towers)]
     devices = devices or [f"/cpu:{i % 4}" for i in range(n_towers)]
     with graph.as_default():
         tf1.set_random_seed(1)
         inputs, targets, outputs, losses, updates = [], [], [], [], []
         for i in range(n_towers):
-            name = scope % i if "%" in scope else scope
-            with tf.device(devices[i]), _scope(name), \
+            with tf.device(devices[i]), _scope(names[i]), \
                     tf1.variable_scope(tf1.get_variable_scope(), reuse=tf1.AUTO_REUSE):
                 x = tf1.placeholder(dtype, (None,) + tuple(input_shape), name="x")
                 y, update_ops = model_fn(x)
@@ -68,7 +69,7 @@ def build(model_fn, batch_sizes, *, scope="tower_%d", devices=None, gradients="a
         else:
             per_tower = []
             for i, loss in enumerate(losses):
-                with tf.device(devices[i]), _scope(scope % i if "%" in scope else scope):
+                with tf.device(devices[i]), _scope(names[i]):
                     per_tower.append(tf.gradients(loss, variables))
             summed = [tf.add_n(list(gs)) for gs in zip(*per_tower)]
         opt = tf1.train.GradientDescentOptimizer(LEARNING_RATE)
@@ -80,7 +81,7 @@ def build(model_fn, batch_sizes, *, scope="tower_%d", devices=None, gradients="a
 
 
 def _scope(name):
-    return tf.name_scope(name) if name else contextlib.nullcontext()
+    return tf1.name_scope(name + "/") if name else contextlib.nullcontext()
 
 
 def data(batch_sizes, input_shape, out_shape, seed=0, offset=0.0, dtype=np.float32):

@@ -1,0 +1,231 @@
+"""The two small architectures the step-overhead and traffic benchmarks train, written once against a
+builder so the same network is built
+
+  * as a TF1 multi-tower graph (`TowerBuilder`): towers built in lockstep, tower i in `tower_<i>/` on
+    /cpu:<i>, variables on /cpu:0, with one of three batch norms:
+      fused    FusedBatchNormV3 per tower (what tf_keras/tf.compat.v1.layers emit; graphsync input)
+      moments  tf.nn.moments + tf.nn.batch_normalization per tower (unsynchronized, unfused)
+      byhand   the seed's approach: concatenate all towers' activations on /cpu:0, tf.nn.moments there,
+               tf.nn.batch_normalization per tower with the global statistics
+  * as a tf_keras functional model (`KerasBuilder`) with BatchNormalization(synchronized=...), for the
+    peer under MirroredStrategy.
+
+resnet: 32×32×3 input, stem + 3 stages of one basic residual block (16/32/64 channels), 9 batch norms,
+        global pooling, dense classifier (10 classes).
+segnet: 32×32×3 input, U-Net-style encoder–decoder (16/32/64 channels, two convs per level, skip
+        concatenations, nearest upsampling), 10 batch norms, per-pixel classifier (5 classes).
+"""
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+tf1 = tf.compat.v1
+EPSILON = 1e-3
+MOMENTUM = 0.9
+
+
+def resnet(b, x):
+    h = b.relu(b.bn(b.conv(x, 16, 3, 1, "stem"), "stem_bn"))
+    for stage, (channels, stride) in enumerate([(16, 1), (32, 2), (64, 2)]):
+        name = f"stage{stage}"
+        y = b.relu(b.bn(b.conv(h, channels, 3, stride, name + "/conv1"), name + "/bn1"))
+        y = b.bn(b.conv(y, channels, 3, 1, name + "/conv2"), name + "/bn2")
+        if stride != 1:
+            h = b.bn(b.conv(h, channels, 1, stride, name + "/proj"), name + "/proj_bn")
+        h = b.relu(b.add(y, h))
+    return b.head(h, 10)
+
+
+def segnet(b, x):
+    def double(h, channels, name):
+        h = b.relu(b.bn(b.conv(h, channels, 3, 1, name + "/conv1"), name + "/bn1"))
+        return b.relu(b.bn(b.conv(h, channels, 3, 1, name + "/conv2"), name + "/bn2"))
+
+    e1 = double(x, 16, "enc1")                                                   # 32×32
+    e2 = double(b.relu(b.bn(b.conv(e1, 32, 3, 2, "down1"), "down1_bn")), 32, "enc2")  # 16×16
+    e3 = b.relu(b.bn(b.conv(e2, 64, 3, 2, "down2"), "down2_bn"))                 # 8×8
+    d2 = double(b.cat(b.up(e3), e2), 32, "dec2")                                 # 16×16
+    d1 = b.relu(b.bn(b.conv(b.cat(b.up(d2), e1), 16, 3, 1, "dec1"), "dec1_bn"))  # 32×32
+    return b.conv(d1, 5, 1, 1, "classifier")
+
+
+ARCHITECTURES = {"resnet": (resnet, 10, "classify"), "segnet": (segnet, 5, "segment")}
+
+
+def data(arch: str, towers: int, batch: int, seed: int = 0):
+    """Per-tower (images, labels) as numpy arrays."""
+    _, classes, kind = ARCHITECTURES[arch]
+    rng = np.random.RandomState(seed)
+    out = []
+    for _ in range(towers):
+        x = rng.randn(batch, 32, 32, 3).astype(np.float32)
+        shape = (batch,) if kind == "classify" else (batch, 32, 32)
+        out.append((x, rng.randint(0, classes, shape).astype(np.int32)))
+    return out
+
+
+class TowerBuilder:
+    """Builds every layer for all towers at once (lists of per-tower tensors)."""
+
+    def __init__(self, towers: int, bn: str):
+        self.towers = towers
+        self.bn_kind = bn
+        self.variables = {}
+        self.updates = []          # tower 0's moving-average updates (the CIFAR10 pattern)
+        self.bn_layers = []
+
+    # plumbing
+    def _each(self, name, fn, *lists):
+        outs = []
+        for i in range(self.towers):
+            with tf.device(f"/cpu:{i}"), tf.name_scope(f"tower_{i}/{name}/"):
+                outs.append(fn(i, *[l[i] for l in lists]))
+        return outs
+
+    def _var(self, name, shape, init, trainable=True):
+        if name not in self.variables:
+            with tf.device("/cpu:0"), tf1.get_default_graph().name_scope(None):
+                self.variables[name] = tf1.get_variable(name, shape, tf.float32, init, trainable=trainable)
+        return self.variables[name]
+
+    # layers
+    def conv(self, xs, channels, k, stride, name):
+        cin = xs[0].shape[-1]
+        w = self._var(name + "/kernel", [k, k, cin, channels],
+                      tf1.glorot_uniform_initializer(seed=sum(map(ord, name))))
+        return self._each(name, lambda i, x: tf.nn.conv2d(x, w, stride, "SAME"), xs)
+
+    def relu(self, xs):
+        return self._each("relu", lambda i, x: tf.nn.relu(x), xs)
+
+    def add(self, xs, ys):
+        return self._each("add", lambda i, x, y: x + y, xs, ys)
+
+    def cat(self, xs, ys):
+        return self._each("concat", lambda i, x, y: tf.concat([x, y], -1), xs, ys)
+
+    def up(self, xs):
+        return self._each("up", lambda i, x: tf1.image.resize_nearest_neighbor(
+            x, [2 * x.shape[1], 2 * x.shape[2]]), xs)
+
+    def head(self, xs, classes):
+        w = self._var("head/kernel", [xs[0].shape[-1], classes],
+                      tf1.glorot_uniform_initializer(seed=7))
+        return self._each("head", lambda i, x: tf.matmul(tf.reduce_mean(x, [1, 2]), w), xs)
+
+    def bn(self, xs, name):
+        channels = xs[0].shape[-1]
+        gamma = self._var(name + "/gamma", [channels], tf1.ones_initializer())
+        beta = self._var(name + "/beta", [channels], tf1.zeros_initializer())
+        mmean = self._var(name + "/moving_mean", [channels], tf1.zeros_initializer(), trainable=False)
+        mvar = self._var(name + "/moving_variance", [channels], tf1.ones_initializer(), trainable=False)
+        self.bn_layers.append((name, channels))
+        if self.bn_kind == "fused":
+            def fused(i, x):
+                y, mean, var = tf1.nn.fused_batch_norm(x, gamma, beta, epsilon=EPSILON, is_training=True)[:3]
+                return y, mean, var
+            outs = self._each(name, fused, xs)
+            ys, stats = [o[0] for o in outs], (outs[0][1], outs[0][2])
+        elif self.bn_kind == "moments":
+            def moments(i, x):
+                mean, var = tf.nn.moments(x, [0, 1, 2])
+                return tf.nn.batch_normalization(x, mean, var, beta, gamma, EPSILON), mean, var
+            outs = self._each(name, moments, xs)
+            ys, stats = [o[0] for o in outs], (outs[0][1], outs[0][2])
+        elif self.bn_kind == "byhand":
+            with tf.device("/cpu:0"), tf.name_scope(f"{name}_gather/"):
+                mean, var = tf.nn.moments(tf.concat(xs, 0), [0, 1, 2])
+            ys = self._each(name, lambda i, x: tf.nn.batch_normalization(x, mean, var, beta, gamma, EPSILON), xs)
+            stats = (mean, var)
+        else:
+            raise ValueError(self.bn_kind)
+        with tf.device("/cpu:0"), tf.name_scope(f"tower_0/{name}/update/"):
+            self.updates += [tf1.assign_sub(mmean, (mmean - stats[0]) * (1 - MOMENTUM)),
+                             tf1.assign_sub(mvar, (mvar - stats[1]) * (1 - MOMENTUM))]
+        return ys
+
+
+def build_towers(arch: str, towers: int, bn: str, batches, gradients: str = "per-tower",
+                 rewrite: bool = False, learning_rate: float = 0.01):
+    """A multi-tower training graph (CIFAR10 pattern), the data as per-tower constants.
+
+    gradients: 'per-tower' (compute_gradients in each tower's scope, as the CIFAR10 example) or
+               'summed' (one tf.gradients of the mean tower loss, colocated with the forward ops).
+    Returns a dict with graph, train_op, losses, and counts.
+    """
+    fn, classes, kind = ARCHITECTURES[arch]
+    graph = tf.Graph()
+    with graph.as_default():
+        tf1.set_random_seed(1)
+        builder = TowerBuilder(towers, bn)
+        xs, labels = [], []
+        for i, (x, t) in enumerate(batches):
+            with tf.device(f"/cpu:{i}"), tf.name_scope(f"tower_{i}/input/"):
+                xs.append(tf.constant(x, name="images"))
+                labels.append(tf.constant(t, name="labels"))
+        logits = fn(builder, xs)
+        losses = builder._each("loss", lambda i, z, t: tf.reduce_mean(
+            tf.nn.sparse_softmax_cross_entropy_with_logits(labels=t, logits=z)), logits, labels)
+        variables = [v for v in builder.variables.values() if v in tf1.trainable_variables()]
+        opt = tf1.train.GradientDescentOptimizer(learning_rate)
+        if gradients == "per-tower":
+            tower_grads = []
+            for i, loss in enumerate(losses):
+                with tf.device(f"/cpu:{i}"), tf.name_scope(f"tower_{i}/"):
+                    tower_grads.append([g for g, _ in opt.compute_gradients(loss, variables)])
+            with tf.device("/cpu:0"):
+                grads = [tf.add_n(list(gs)) / towers for gs in zip(*tower_grads)]
+        else:
+            with tf.device("/cpu:0"):
+                total = tf.add_n(losses) / towers
+            grads = tf1.gradients(total, variables, colocate_gradients_with_ops=True)
+        with tf.device("/cpu:0"), tf.control_dependencies(builder.updates):
+            train_op = opt.apply_gradients(zip(grads, variables))
+        init = tf1.global_variables_initializer()
+        report = None
+        if rewrite:
+            import graphsync
+            report = graphsync.rewrite_towers(graph)
+    return dict(graph=graph, train_op=train_op, losses=losses, init=init, report=report,
+                bn_layers=builder.bn_layers[:len(builder.bn_layers)], ops=len(graph.get_operations()))
+
+
+def build_keras(arch: str, synchronized: bool):
+    """The same architecture as a tf_keras functional model (call inside a strategy scope)."""
+    import tf_keras
+    fn, classes, _ = ARCHITECTURES[arch]
+    inputs = tf_keras.Input((32, 32, 3))
+    model = tf_keras.Model(inputs, fn(KerasBuilder(synchronized), inputs))
+    return model
+
+
+class KerasBuilder:
+    def __init__(self, synchronized: bool):
+        import tf_keras
+        self.layers = tf_keras.layers
+        self.synchronized = synchronized
+
+    def conv(self, x, channels, k, stride, name):
+        return self.layers.Conv2D(channels, k, strides=stride, padding="same", use_bias=False,
+                                  name=name.replace("/", "_"))(x)
+
+    def bn(self, x, name):
+        return self.layers.BatchNormalization(epsilon=EPSILON, momentum=MOMENTUM,
+                                              synchronized=self.synchronized,
+                                              name=name.replace("/", "_"))(x)
+
+    def relu(self, x):
+        return self.layers.ReLU()(x)
+
+    def add(self, x, y):
+        return self.layers.Add()([x, y])
+
+    def cat(self, x, y):
+        return self.layers.Concatenate(-1)([x, y])
+
+    def up(self, x):
+        return self.layers.UpSampling2D(2, interpolation="nearest")(x)
+
+    def head(self, x, classes):
+        return self.layers.Dense(classes, use_bias=False)(self.layers.GlobalAveragePooling2D()(x))

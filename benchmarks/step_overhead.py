@@ -1,0 +1,232 @@
+"""Step overhead: training-step time (and peak memory) of synchronized batch norm ÷ unsynchronized,
+on 4 logical CPU devices of one process, for a small ResNet-style and a U-Net-style segmentation model
+(benchmarks/models.py), all variants alive in one process and timed in alternating rounds:
+
+  unsynced        the multi-tower graph with fused batch norm (CIFAR10 pattern, per-tower gradients)
+  graphsync       the same graph after graphsync.rewrite_towers()
+  moments         unsynchronized, tf.nn.moments + tf.nn.batch_normalization per tower (unfused)
+  byhand          the seed's approach: all towers' activations concatenated on /cpu:0 for tf.nn.moments,
+                  per-tower gradients as in the CIFAR10 pattern
+  byhand-summed   the same forward, one tf.gradients of the summed loss (colocated with the forward)
+  keras           the peer's baseline: tf_keras model, BatchNormalization(synchronized=False),
+                  tf.distribute.MirroredStrategy over the same 4 logical CPUs, tf.function train step
+  keras-sync      the peer: the same with BatchNormalization(synchronized=True)
+
+Sessions use ConfigProto(device_count={'CPU': 4}, inter_op=2, intra_op=1); the eager runtime for the
+peer uses the same thread counts. Inputs are per-device constants (no feeding). Each round runs
+--steps steps of every variant (rotating order); ratios are taken within a round, then the median.
+
+Peak memory: the TensorFlow CPU allocator's peak during --steps steps minus its bytes in use just before
+(tf.config.experimental.get_memory_info('CPU:0'); all logical CPU devices share that allocator), i.e.
+the transient memory of a step: activations, gradients, buffers; variables are excluded.
+
+    python benchmarks/step_overhead.py                      # the recorded run
+    python benchmarks/step_overhead.py --rounds 3 --steps 2 # a quick look
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common  # noqa: E402
+
+tf = _common.import_tf()
+tf1 = tf.compat.v1
+TOWERS = 4
+_cpus = tf.config.list_physical_devices("CPU")
+tf.config.set_logical_device_configuration(_cpus[0], [tf.config.LogicalDeviceConfiguration()] * TOWERS)
+tf.config.threading.set_inter_op_parallelism_threads(2)
+tf.config.threading.set_intra_op_parallelism_threads(1)
+SESSION_CONFIG = tf1.ConfigProto(device_count={"CPU": TOWERS}, inter_op_parallelism_threads=2,
+                                 intra_op_parallelism_threads=1, allow_soft_placement=False)
+
+import numpy as np  # noqa: E402
+
+with _common.quiet_stderr():
+    import tf_keras  # noqa: E402
+import models  # noqa: E402
+
+GRAPH_VARIANTS = {  # name: (batch norm, gradients, rewrite)
+    "unsynced": ("fused", "per-tower", False),
+    "graphsync": ("fused", "per-tower", True),
+    "moments": ("moments", "per-tower", False),
+    "byhand": ("byhand", "per-tower", False),
+    "byhand-summed": ("byhand", "summed", False),
+}
+PEER_VARIANTS = {"keras": False, "keras-sync": True}
+RATIOS = [  # (numerator, denominator, what it says)
+    ("graphsync", "unsynced", "graphsync ÷ unsynced (target ≤ 1.10)"),
+    ("byhand", "unsynced", "by-hand ÷ unsynced (fused)"),
+    ("byhand", "moments", "by-hand ÷ unsynced moments (same unfused ops)"),
+    ("byhand-summed", "unsynced", "by-hand, summed-loss gradients ÷ unsynced (fused)"),
+    ("keras-sync", "keras", "peer: Keras synchronized=True ÷ synchronized=False"),
+    ("graphsync", "keras-sync", "graphsync ÷ peer (absolute step time; < 1 = faster)"),
+    ("unsynced", "keras", "unsynced TF1 graph ÷ unsynced Keras/MirroredStrategy (the runtimes' baselines)"),
+]
+
+
+class GraphVariant:
+    def __init__(self, arch, name, batches):
+        bn, gradients, rewrite = GRAPH_VARIANTS[name]
+        built = models.build_towers(arch, TOWERS, bn, batches, gradients=gradients, rewrite=rewrite)
+        self.name, self.built = name, built
+        self.session = tf1.Session(graph=built["graph"], config=SESSION_CONFIG)
+        self.session.run(built["init"])
+        self.initial_losses = self.session.run(built["losses"])
+
+    def step(self):
+        self.session.run(self.built["train_op"])
+
+    def close(self):
+        self.session.close()
+
+
+_STRATEGY = []
+
+
+def strategy_4cpu():
+    """One MirroredStrategy for the whole process: two strategies in one process hand out the same
+    collective instance keys and their all-reduces collide ("Shape mismatch in the collective instance")."""
+    if not _STRATEGY:
+        _STRATEGY.append(tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(TOWERS)]))
+    return _STRATEGY[0]
+
+
+class PeerVariant:
+    def __init__(self, arch, name, batches):
+        self.name = name
+        strategy = strategy_4cpu()
+        with strategy.scope():
+            model = models.build_keras(arch, PEER_VARIANTS[name])
+            optimizer = tf_keras.optimizers.SGD(0.01)
+        xs = strategy.experimental_distribute_values_from_function(
+            lambda ctx: tf.constant(batches[ctx.replica_id_in_sync_group][0]))
+        ts = strategy.experimental_distribute_values_from_function(
+            lambda ctx: tf.constant(batches[ctx.replica_id_in_sync_group][1]))
+        replicas = strategy.num_replicas_in_sync
+
+        def replica_step(x, t):
+            with tf.GradientTape() as tape:
+                logits = model(x, training=True)
+                loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=t, logits=logits))
+                scaled = loss / replicas
+            grads = tape.gradient(scaled, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            return loss
+
+        @tf.function
+        def train(x, t):
+            return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(replica_step, args=(x, t)), None)
+
+        self._train = lambda: train(xs, ts).numpy()
+        self.model = model
+        self.sync_layers = sum(getattr(l, "synchronized", False) for l in model.layers)
+
+    def step(self):
+        self._train()
+
+    def close(self):
+        pass
+
+
+def memory_delta(variant, steps):
+    tf.config.experimental.reset_memory_stats("CPU:0")
+    before = tf.config.experimental.get_memory_info("CPU:0")["current"]
+    for _ in range(steps):
+        variant.step()
+    return tf.config.experimental.get_memory_info("CPU:0")["peak"] - before
+
+
+def run_model(arch, batch, rounds, steps, warmup, log):
+    batches = models.data(arch, TOWERS, batch)
+    variants = {}
+    for name in GRAPH_VARIANTS:
+        t0 = _common.now()
+        variants[name] = GraphVariant(arch, name, batches)
+        log(f"  {arch}/{name}: built in {_common.now() - t0:.1f} s, {variants[name].built['ops']} ops")
+    for name in PEER_VARIANTS:
+        variants[name] = PeerVariant(arch, name, batches)
+    rewritten = variants["graphsync"].built["report"]
+    n_layers = len(variants["unsynced"].built["bn_layers"])
+    assert len(rewritten.layers) == n_layers, rewritten.summary
+    assert variants["keras-sync"].sync_layers == n_layers
+
+    # The synchronized graphs compute the same thing at step 0: graphsync == by hand.
+    agree = {name: float(np.max(np.abs(np.subtract(variants[name].initial_losses,
+                                                   variants["graphsync"].initial_losses))))
+             for name in ("byhand", "byhand-summed")}
+    differs = float(np.max(np.abs(np.subtract(variants["unsynced"].initial_losses,
+                                              variants["graphsync"].initial_losses))))
+
+    names = list(variants)
+    for name in names:
+        for _ in range(warmup):
+            variants[name].step()
+    times = {name: [] for name in names}
+    memory = {name: [] for name in names}
+    for r in range(rounds):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for name in order:
+            t0 = _common.now()
+            for _ in range(steps):
+                variants[name].step()
+            times[name].append((_common.now() - t0) / steps)
+        log(f"  {arch} round {r + 1}/{rounds}: " + ", ".join(f"{n} {1e3 * times[n][-1]:.0f}" for n in names))
+    for _ in range(2):
+        for name in names:
+            memory[name].append(memory_delta(variants[name], 2))
+    for v in variants.values():
+        v.close()
+
+    rows = []
+    for name in names:
+        rows.append(dict(variant=name, step_ms=1e3 * _common.median(times[name]),
+                         min_ms=1e3 * min(times[name]), max_ms=1e3 * max(times[name]),
+                         peak_mb=max(memory[name]) / 2**20,
+                         ops=variants[name].built["ops"] if name in GRAPH_VARIANTS else ""))
+    ratios = []
+    for num, den, what in RATIOS:
+        per_round = [a / b for a, b in zip(times[num], times[den])]
+        ratios.append(dict(ratio=what, time=_common.median(per_round), lo=min(per_round), hi=max(per_round),
+                           memory=max(memory[num]) / max(memory[den])))
+    return dict(arch=arch, layers=n_layers, batch=batch, rows=rows, ratios=ratios, times=times, memory=memory,
+                loss_agreement=agree, unsynced_vs_synced_loss=differs)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", default=["resnet", "segnet"])
+    parser.add_argument("--batch", type=int, default=8, help="examples per tower")
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--steps", type=int, default=3, help="steps per variant per round")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--json")
+    args = parser.parse_args(argv)
+
+    def log(msg):
+        print(msg, file=sys.stderr, flush=True)
+
+    print(_common.header("Step overhead, 4 logical CPU devices", argv))
+    results = []
+    for arch in args.models:
+        res = run_model(arch, args.batch, args.rounds, args.steps, args.warmup, log)
+        results.append(res)
+        print(f"\n**{arch}** ({res['layers']} batch norms per tower, {TOWERS} towers × {args.batch} examples of "
+              f"32×32×3; median of {args.rounds} rounds × {args.steps} steps)\n")
+        print(_common.table(res["rows"], [("variant", "variant"), ("step_ms", "step ms (median)"),
+                                          ("min_ms", "min"), ("max_ms", "max"),
+                                          ("peak_mb", "step peak MiB"), ("ops", "graph ops")]))
+        print()
+        print(_common.table(res["ratios"], [("ratio", "ratio"), ("time", "step time (median of rounds)"),
+                                            ("lo", "min"), ("hi", "max"), ("memory", "peak memory")]))
+        print(f"\nSanity: initial tower losses, graphsync vs by-hand max |Δ| "
+              f"{res['loss_agreement']['byhand']:.1e} (summed-gradient variant "
+              f"{res['loss_agreement']['byhand-summed']:.1e}); unsynced vs graphsync "
+              f"{res['unsynced_vs_synced_loss']:.1e} (they must differ).")
+    _common.write_json(args.json, results)
+
+
+if __name__ == "__main__":
+    main()

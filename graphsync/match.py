@@ -1,12 +1,22 @@
-"""Finding batch-norm layers in a graph, by op type and edges, never by name.
+"""Finding batch-norm layers in a graph, by op type and edges, never by user-chosen names.
 
 A fused batch norm is a `FusedBatchNorm`/`V2`/`V3` op in training mode; its gradient ops are the
 `FusedBatchNormGrad*` ops that read its reserve-space output 3 (how TensorFlow's own gradient wires
 them), whatever scope `tf.gradients` put them in.
+
+A moments batch norm is what `tf.nn.moments` builds, in any name scope:
+
+    mean = Mean(x, axes, keep_dims)        → consumers (Squeeze, batch_normalization, averages…)
+    SquaredDifference(x, StopGradient(mean))
+    variance = Mean(that, axes, keep_dims) → consumers
+
+It is batch norm when the axes include the batch axis 0. Its gradients are found through the
+scopes `tf.gradients` itself names after each forward op (`…/gradients[_N]/<op name>_grad/…`).
 """
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import tensorflow as tf
 
@@ -24,6 +34,7 @@ class Candidate:
     op: tf.Operation
     kind: str
     skip_reason: str | None = None
+    parts: dict = dataclasses.field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -98,3 +109,74 @@ def called_functions(op: tf.Operation) -> set[str]:
             names.add(attr.func.name)
         names |= {f.name for f in attr.list.func}
     return names
+
+
+SHAPE_TYPES = ("Shape", "ShapeN", "Size", "Rank")
+_GRAD_SCOPE = re.compile(r"^(?P<call>(?:.*/)?gradients(?:_\d+)?)/(?P<forward>.+?)_grad/")
+
+
+def _const_axes(op: tf.Operation, rank: int):
+    axes = tf.get_static_value(op.inputs[1])
+    if axes is None:
+        return None
+    return tuple(sorted({int(a) % rank for a in (axes.ravel() if hasattr(axes, "ravel") else [axes])}))
+
+
+def moments_candidates(graph: tf.Graph) -> list[Candidate]:
+    """Every `tf.nn.moments`-shaped subgraph; those whose axes exclude the batch axis are listed
+    with the reason (layer, instance and group norm are not batch norm)."""
+    found = []
+    for sqdiff in graph.get_operations():
+        if sqdiff.type != "SquaredDifference":
+            continue
+        x, stopped = sqdiff.inputs
+        if stopped.op.type != "StopGradient":
+            x, stopped = stopped, x
+        mean_op = stopped.op.inputs[0].op if stopped.op.type == "StopGradient" else None
+        if mean_op is None or mean_op.type != "Mean" or mean_op.inputs[0] is not x:
+            continue
+        variance_ops = [c for c in sqdiff.outputs[0].consumers() if c.type == "Mean"]
+        rank = x.shape.rank
+        if len(variance_ops) != 1 or rank is None:
+            continue
+        variance_op = variance_ops[0]
+        axes = _const_axes(mean_op, rank)
+        if axes is None or axes != _const_axes(variance_op, rank) or \
+                mean_op.get_attr("keep_dims") != variance_op.get_attr("keep_dims"):
+            continue
+        reason = None
+        if 0 not in axes:
+            reason = f"moments over axes {list(axes)} exclude the batch axis 0: layer/instance/group norm"
+        elif not (_readers(mean_op.outputs[0], stopped.op) or variance_op.outputs[0].consumers()):
+            reason = "nothing reads its outputs (already synchronized, or unused)"
+        found.append(Candidate(mean_op, "moments", reason, {
+            "variance": variance_op, "sqdiff": sqdiff, "stop_gradient": stopped.op, "axes": axes}))
+    return found
+
+
+def _readers(tensor: tf.Tensor, *exclude) -> list:
+    return [c for c in tensor.consumers() if c not in exclude]
+
+
+def gradient_scopes(graph: tf.Graph) -> dict:
+    """forward op name → {gradient call prefix → ops of its gradient function}, from the scopes
+    `tf.gradients` names after the op it differentiates."""
+    scopes: dict = {}
+    for op in graph.get_operations():
+        found = _GRAD_SCOPE.match(op.name)
+        if found:
+            scopes.setdefault(found.group("forward"), {}).setdefault(found.group("call"), []).append(op)
+    return scopes
+
+
+def gradient_entry(grad_ops: list, forward_inputs) -> tf.Tensor | None:
+    """The gradient arriving at a forward op's output: the one floating tensor its gradient
+    function reads from outside itself for arithmetic (not for shapes), and that is not one of the
+    forward op's own inputs."""
+    members = set(grad_ops)
+    entries = {t.ref() for op in grad_ops if op.type not in SHAPE_TYPES for t in op.inputs
+               if t.op not in members and t.dtype.is_floating and
+               all(t is not f for f in forward_inputs)}
+    if len(entries) != 1:
+        return None
+    return next(iter(entries)).deref()

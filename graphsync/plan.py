@@ -18,15 +18,31 @@ from graphsync.towers import ROOT, Tower, find_towers, tower_of
 
 @dataclasses.dataclass
 class Site:
-    """One layer in one tower: its op and the gradient ops that differentiate it."""
+    """One layer in one tower: its op (the fused op, or the moments' mean), the other ops of a
+    moments subgraph, and one entry per gradient call that differentiates it (a FusedBatchNormGrad
+    op, or a `MomentsGrad`)."""
 
     tower: Tower
     op: tf.Operation
     grad_ops: list
+    parts: dict = dataclasses.field(default_factory=dict)
 
     @property
     def device(self) -> str:
         return self.op.device
+
+
+@dataclasses.dataclass(frozen=True)
+class MomentsGrad:
+    """One gradient call through a moments subgraph: the gradients arriving at its mean and
+    variance (None when nothing differentiates that output), and the ops of the call that read
+    them (the Mean gradient functions)."""
+
+    call: str
+    mean: tf.Tensor | None
+    mean_readers: tuple
+    variance: tf.Tensor | None
+    variance_readers: tuple
 
 
 @dataclasses.dataclass
@@ -55,7 +71,7 @@ class Plan:
 
 def make_plan(graph: tf.Graph, towers=None, device: str | None = None) -> Plan:
     """Everything the splice needs, validated; raises GraphsyncError and leaves the graph alone."""
-    candidates = match.fused_candidates(graph)
+    candidates = match.fused_candidates(graph) + match.moments_candidates(graph)
     skipped = [(c.name, c.skip_reason) for c in candidates if c.skip_reason]
     live = [c for c in candidates if not c.skip_reason]
     explicit = towers is not None
@@ -75,25 +91,27 @@ def make_plan(graph: tf.Graph, towers=None, device: str | None = None) -> Plan:
         if tower is None:
             skipped.append((cand.name, "outside every tower"))
             continue
-        by_layer.setdefault(cand.name[len(tower.prefix):], {})[tower] = cand.op
+        by_layer.setdefault(cand.name[len(tower.prefix):], {})[tower] = cand
 
     found_towers = _drop_unpaired_root(found_towers, by_layer, explicit)
     if len(found_towers) < 2:
-        for ops in by_layer.values():
-            skipped.extend((op.name, "single tower: nothing to synchronize with") for op in ops.values())
+        for cands in by_layer.values():
+            skipped.extend((c.name, "single tower: nothing to synchronize with") for c in cands.values())
         return Plan(found_towers, device or "", [], skipped)
 
+    scopes = match.gradient_scopes(graph) if any(c.kind == "moments" for c in live) else {}
     layers = []
-    for name, ops in sorted(by_layer.items()):
-        ops = {t: op for t, op in ops.items() if t in found_towers}
-        if not ops:
+    for name, cands in sorted(by_layer.items()):
+        cands = {t: c for t, c in cands.items() if t in found_towers}
+        if not cands:
             continue
-        if set(ops) == {found_towers[0]} and found_towers[0].prefix == ROOT and not explicit:
-            skipped.append((ops[found_towers[0]].name, "outside every tower"))
+        if set(cands) == {found_towers[0]} and found_towers[0].prefix == ROOT and not explicit:
+            skipped.append((cands[found_towers[0]].name, "outside every tower"))
             continue
-        layers.append(_layer_plan(name, [(t, ops.get(t)) for t in found_towers]))
-    return Plan(found_towers, device or default_device(layers[0].sites[0].op) if layers else "",
-                layers, skipped)
+        layers.append(_layer_plan(name, [(t, cands.get(t)) for t in found_towers], scopes))
+    if layers and not device:
+        device = default_device(layers[0].sites[0].op)
+    return Plan(found_towers, device or "", layers, skipped)
 
 
 def _drop_unpaired_root(towers, by_layer, explicit):
@@ -128,9 +146,9 @@ def _reject_hidden(calls, towers):
                 "tf.compat.v1.disable_control_flow_v2() before building the model")
 
 
-def _layer_plan(name: str, per_tower) -> LayerPlan:
-    missing = [t.label for t, op in per_tower if op is None]
-    present = [op for _, op in per_tower if op is not None]
+def _layer_plan(name: str, per_tower, scopes) -> LayerPlan:
+    missing = [t.label for t, cand in per_tower if cand is None]
+    present = [cand.op for _, cand in per_tower if cand is not None]
     if missing:
         raise GraphsyncError(
             f"layer {name!r} ({present[0].name}) is missing from tower(s) {', '.join(missing)}: "
@@ -140,30 +158,60 @@ def _layer_plan(name: str, per_tower) -> LayerPlan:
             raise GraphsyncError(
                 f"{op.name} sits inside a v1 tf.cond/while_loop, which graphsync cannot rewrite: "
                 "pass training=True as a Python bool instead of a tensor")
-    first = present[0]
-    rank = first.inputs[0].shape.rank
-    layout = Layout.from_data_format(rank or 4, first.get_attr("data_format").decode())
-    attrs = [_signature(op) for op in present]
+    first, kind = present[0], per_tower[0][1].kind
+    attrs = [_signature(cand) for _, cand in per_tower]
     for op, sig in zip(present[1:], attrs[1:]):
         if sig != attrs[0]:
             diff = ", ".join(f"{k}: {attrs[0][k]} vs {sig[k]}" for k in sig if sig[k] != attrs[0][k])
             raise GraphsyncError(f"{first.name} and {op.name} are paired as layer {name!r} but differ ({diff})")
+    rank = first.inputs[0].shape.rank
     if rank is None:
         raise GraphsyncError(f"{first.name}: the rank of its input is unknown; set a static rank")
-    sites = [Site(t, op, match.fused_gradient_ops(op)) for t, op in per_tower]
+    if kind == "moments":
+        sites = [Site(t, c.op, _moments_grads(c, scopes), c.parts) for t, c in per_tower]
+        layout = Layout(rank, per_tower[0][1].parts["axes"])
+        avg, epsilon = 1.0, 0.0
+    else:
+        sites = [Site(t, c.op, match.fused_gradient_ops(c.op)) for t, c in per_tower]
+        layout = Layout.from_data_format(rank, first.get_attr("data_format").decode())
+        avg = first.get_attr("exponential_avg_factor") if first.type == "FusedBatchNormV3" else 1.0
+        epsilon = first.get_attr("epsilon")
     counts = {s.tower.label: len(s.grad_ops) for s in sites}
     if len(set(counts.values())) > 1:
         raise GraphsyncError(
-            f"layer {name!r} has a different number of gradient ops per tower ({counts}): "
+            f"layer {name!r} has a different number of gradient calls per tower ({counts}): "
             "build gradients for every tower, or rewrite before building them")
-    avg = first.get_attr("exponential_avg_factor") if first.type == "FusedBatchNormV3" else 1.0
-    return LayerPlan(name, "fused", sites, layout, first.get_attr("epsilon"), avg)
+    return LayerPlan(name, kind, sites, layout, epsilon, avg)
 
 
-def _signature(op: tf.Operation) -> dict:
+def _moments_grads(cand, scopes) -> list[MomentsGrad]:
+    """The gradient calls through a moments subgraph, by the scope tf.gradients gave each."""
+    mean_op, variance_op = cand.op, cand.parts["variance"]
+    mean_calls, variance_calls = scopes.get(mean_op.name, {}), scopes.get(variance_op.name, {})
+    grads = []
+    for call in sorted(set(mean_calls) | set(variance_calls)):
+        entries = []
+        for op, calls in ((mean_op, mean_calls), (variance_op, variance_calls)):
+            ops = calls.get(call, [])
+            entry = match.gradient_entry(ops, list(op.inputs) + list(op.outputs)) if ops else None
+            if ops and entry is None:
+                raise GraphsyncError(
+                    f"cannot tell which tensor is the incoming gradient of {op.name} in {call}/: "
+                    "rewrite before building the gradients")
+            entries += [entry, tuple(o for o in ops if entry is not None and entry in list(o.inputs))]
+        grads.append(MomentsGrad(call, *entries))
+    return grads
+
+
+def _signature(cand) -> dict:
     """The attributes paired ops must share."""
+    op = cand.op
+    if cand.kind == "moments":
+        return {"kind": "moments", "axes": cand.parts["axes"], "dtype": op.inputs[0].dtype.name,
+                "rank": op.inputs[0].shape.rank, "statistics shape": str(op.outputs[0].shape[1:]),
+                "keep_dims": op.get_attr("keep_dims")}
     channels = op.inputs[1].shape[0] if op.inputs[1].shape.rank == 1 else None
-    return {"type": op.type, "channels": channels, "dtype": op.inputs[0].dtype.name,
+    return {"kind": op.type, "channels": channels, "dtype": op.inputs[0].dtype.name,
             "rank": op.inputs[0].shape.rank, "epsilon": op.get_attr("epsilon"),
             "data_format": op.get_attr("data_format").decode(),
             "exponential_avg_factor": op.get_attr("exponential_avg_factor")

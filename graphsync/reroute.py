@@ -6,15 +6,13 @@ import tensorflow as tf
 from graphsync import tf_private
 
 
-def reroute_consumers(old: tf.Tensor, new: tf.Tensor, keep=()) -> int:
-    """Makes every consumer of `old` (but those in `keep`) read `new`; returns the edges moved."""
+def reroute_consumers(old: tf.Tensor, new: tf.Tensor, only=None) -> int:
+    """Makes every consumer of `old` (or those in `only`) read `new`; returns the edges moved."""
     if old.dtype != new.dtype:
         raise TypeError(f"cannot reroute {old.name} ({old.dtype.name}) to {new.name} ({new.dtype.name})")
     new.set_shape(old.shape)
     moved = 0
-    for consumer in old.consumers():
-        if consumer in keep:
-            continue
+    for consumer in (old.consumers() if only is None else only):
         for index, tensor in enumerate(consumer.inputs):
             if tensor is old:
                 tf_private.update_input(consumer, index, new)

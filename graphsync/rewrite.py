@@ -28,9 +28,9 @@ def rewrite_towers(graph: tf.Graph | None = None, *, towers=None, device: str | 
     report = RewriteReport([t.label for t in plan.towers], plan.device,
                            skipped=[SkippedReport(op, why) for op, why in plan.skipped])
     for layer in plan.layers:
-        count = splice.splice_fused_layer(graph, layer, plan.device)
+        count = splice.splice_layer(graph, layer, plan.device)
         report.edges_moved += count.edges
-        report.grad_ops_replaced += count.grad_ops_replaced
+        report.grad_ops_replaced += count.grads_replaced
         report.layers.append(LayerReport(layer.name, layer.kind, tuple(s.op.name for s in layer.sites),
                                          "rewritten" if layer.has_gradients else "autodiff"))
     _check(plan)
@@ -41,8 +41,12 @@ def _check(plan: Plan) -> None:
     """After the splice nothing may still read an old op: it would keep running every step."""
     for layer in plan.layers:
         for site in layer.sites:
-            if match.is_live(site.op):
-                raise GraphsyncError(f"internal: {site.op.name} still has consumers after the rewrite")
+            old = [site.op] + ([site.parts["variance"]] if layer.kind == "moments" else [])
+            for op in old:
+                if (op.outputs[0].consumers() if layer.kind == "moments" else match.is_live(op)):
+                    raise GraphsyncError(f"internal: {op.name} still has consumers after the rewrite")
+            if layer.kind == "moments":
+                continue
             for grad_op in site.grad_ops:
                 if any(t.consumers() for t in grad_op.outputs) or tf_private.control_outputs(grad_op):
                     raise GraphsyncError(f"internal: {grad_op.name} still has consumers after the rewrite")

@@ -103,3 +103,109 @@ def keras_bn(depth=2):
         return layers["head"](tf.reduce_mean(h, [1, 2])), updates
 
     return model
+
+
+def _var(name, shape, dtype, init):
+    return tf1.get_variable(name, shape, dtype, init)
+
+
+def _conv_as(x, channels, name, stride=1):
+    """A conv whose weights have x's dtype (so float64 models stay float64 end to end)."""
+    w = _var(name + "/w", [3, 3, x.shape[-1], channels], x.dtype, tf1.glorot_uniform_initializer(seed=len(name)))
+    return tf.nn.conv2d(x, w, stride, "SAME")
+
+
+def seed_bn(x, name, momentum=0.9):
+    """The seed question's layer: tf.nn.moments + tf.nn.batch_normalization, hand-made variables."""
+    n_out = x.shape[-1]
+    with tf1.variable_scope(name):
+        beta = _var("beta", [n_out], x.dtype, tf1.random_uniform_initializer(-0.5, 0.5, seed=5))
+        gamma = _var("gamma", [n_out], x.dtype, tf1.random_uniform_initializer(0.5, 1.5, seed=6))
+        moving_mean = tf1.get_variable("moving_mean", [n_out], x.dtype, tf1.zeros_initializer(), trainable=False)
+        moving_var = tf1.get_variable("moving_variance", [n_out], x.dtype, tf1.ones_initializer(), trainable=False)
+    axes = list(range(x.shape.rank - 1))
+    mean, variance = tf.nn.moments(x, axes, name=name + "_moments")
+    updates = [moving_mean.assign(moving_mean * momentum + mean * (1 - momentum)),
+               moving_var.assign(moving_var * momentum + variance * (1 - momentum))]
+    return tf.nn.batch_normalization(x, mean, variance, beta, gamma, 1e-5), updates
+
+
+def seed_moments(depth=6, layer_norm=False):
+    """The seed-002 model: conv → moments BN → relu, `depth` times; optionally a layer norm too."""
+
+    def model(x):
+        updates, h = [], x
+        for i in range(depth):
+            h = _conv_as(h, 4, f"conv{i}")
+            h, up = seed_bn(h, f"bn{i}")
+            updates += up
+            h = tf.nn.relu(h)
+            if layer_norm and i == 1:
+                mean, variance = tf.nn.moments(h, [1, 2, 3], keepdims=True, name="layer_norm")
+                h = (h - mean) * tf.math.rsqrt(variance + 1e-5)
+        pooled = tf.reduce_mean(h, [1, 2])
+        return tf.matmul(pooled, _var("head/w", [4, 5], x.dtype, tf1.glorot_uniform_initializer(seed=9))), updates
+
+    return model
+
+
+def encoder_decoder(fused=False):
+    """A small segmentation net: strided encoder, upsampling decoder, per-pixel output."""
+
+    def model(x):
+        before = set(tf1.get_collection(tf1.GraphKeys.UPDATE_OPS))
+
+        def bn(h, name):
+            return tf.nn.relu(tf1.layers.batch_normalization(
+                h, training=True, fused=fused, name=name,
+                gamma_initializer=tf1.random_uniform_initializer(0.5, 1.5, seed=len(name))))
+
+        e1 = bn(_conv_as(x, 4, "enc1"), "bn_enc1")
+        e2 = bn(_conv_as(e1, 8, "enc2", stride=2), "bn_enc2")
+        d1 = tf.repeat(tf.repeat(e2, 2, 1), 2, 2)
+        d1 = bn(_conv_as(tf.concat([d1, e1], -1), 4, "dec1"), "bn_dec1")
+        logits = _conv_as(d1, 2, "out")
+        updates = [u for u in tf1.get_collection(tf1.GraphKeys.UPDATE_OPS) if u not in before]
+        return tf.reshape(logits, [-1, logits.shape[1] * logits.shape[2] * 2]), updates
+
+    return model
+
+
+def keras_dense_bn(depth=3, dtype="float32"):
+    """tf_keras BatchNormalization after Dense layers (2-D input: the moments path)."""
+    import tf_keras
+    per_graph = {}
+
+    def model(x):
+        layers = per_graph.setdefault(x.graph, [])
+        if not layers:
+            for i in range(depth):
+                layers.append(tf_keras.layers.Dense(6, use_bias=False, dtype=dtype,
+                                                    kernel_initializer=tf_keras.initializers.GlorotUniform(seed=i)))
+                layers.append(tf_keras.layers.BatchNormalization(
+                    dtype=dtype, gamma_initializer=tf_keras.initializers.RandomUniform(0.5, 1.5, seed=i)))
+            layers.append(tf_keras.layers.Dense(5, dtype=dtype, kernel_initializer=tf_keras.initializers.GlorotUniform(seed=9)))
+        seen = [len(l.updates) for l in layers]
+        h = tf.reshape(x, [-1, x.shape[1] * x.shape[2] * x.shape[3]])
+        for layer in layers[:-1]:
+            h = tf.nn.relu(layer(h, training=True)) if "batch_norm" in layer.name else layer(h)
+        updates = [u for layer, n in zip(layers, seen) for u in layer.updates[n:]]
+        return layers[-1](h), updates
+
+    return model
+
+
+def mixed(layer_norm=True):
+    """Fused and moments batch norm in one model, plus a layer norm that must stay untouched."""
+
+    def model(x):
+        h = _conv(x, 4, "stem")
+        h, up1 = raw_fused_bn(h, "fused_bn")
+        h = _conv_as(tf.nn.relu(h), 4, "mid")
+        h, up2 = seed_bn(h, "moments_bn")
+        if layer_norm:
+            mean, variance = tf.nn.moments(h, [1, 2, 3], keepdims=True, name="layer_norm")
+            h = (h - mean) * tf.math.rsqrt(variance + 1e-5)
+        return _head(tf.nn.relu(h)), up1 + up2
+
+    return model

@@ -56,8 +56,9 @@ def build(model_fn, batch_sizes, *, scope="tower_%d", devices=None, gradients="a
                     tf1.variable_scope(tf1.get_variable_scope(), reuse=tf1.AUTO_REUSE):
                 x = tf1.placeholder(dtype, (None,) + tuple(input_shape), name="x")
                 y, update_ops = model_fn(x)
-                t = tf1.placeholder(tf.float32, [None] + y.shape.as_list()[1:], name="target")
-                loss = tf.reduce_sum(tf.square(tf.cast(y, tf.float32) - t)) * 0.5
+                loss_dtype = tf.float64 if dtype == tf.float64 else tf.float32
+                t = tf1.placeholder(loss_dtype, [None] + y.shape.as_list()[1:], name="target")
+                loss = tf.reduce_sum(tf.square(tf.cast(y, loss_dtype) - t)) * 0.5
                 inputs.append(x), targets.append(t), outputs.append(y), losses.append(loss)
                 updates.append(update_ops)
         variables = sorted(tf1.trainable_variables(), key=lambda v: v.name)
@@ -88,7 +89,7 @@ def data(batch_sizes, input_shape, out_shape, seed=0, offset=0.0, dtype=np.float
     rng = np.random.RandomState(seed)
     total = sum(batch_sizes)
     x = (rng.randn(total, *input_shape) * 2.0 + offset).astype(dtype)
-    t = rng.randn(total, *out_shape).astype(np.float32)
+    t = rng.randn(total, *out_shape).astype(np.float64 if dtype == np.float64 else np.float32)
     return x, t
 
 

@@ -16,8 +16,13 @@ import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
+# GRAPHSYNC_SRC: a directory holding the graphsync package to measure (e.g. a `git archive` of a
+# commit), so a recorded run is not disturbed by work in progress in the checkout.
+SOURCE = os.path.abspath(os.environ.get("GRAPHSYNC_SRC") or REPO)
+for _path in (REPO, SOURCE):
+    if _path in sys.path:
+        sys.path.remove(_path)
+    sys.path.insert(0, _path)
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
@@ -59,16 +64,31 @@ def header(title: str, argv=None) -> str:
     import tensorflow as tf
     command = "python " + " ".join([os.path.relpath(sys.argv[0], REPO)] + list(argv if argv is not None
                                                                               else sys.argv[1:]))
-    try:
-        commit = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, check=False).stdout.strip()
-    except OSError:
-        commit = "?"
+    commit = graphsync_version()
     load = os.getloadavg()
     return (f"### {title}\n\n"
             f"`{command}` — {datetime.date.today().isoformat()}, {platform.node() or 'host'}: "
             f"{os.cpu_count()} CPUs, load average {load[0]:.2f} at start, Python {platform.python_version()}, "
-            f"TensorFlow {tf.__version__}, graphsync @ {commit}\n")
+            f"TensorFlow {tf.__version__}, graphsync {commit}\n")
+
+
+def graphsync_version() -> str:
+    """Which graphsync code is measured: the commit, and whether graphsync/ differed from it."""
+    import graphsync
+    where = os.path.dirname(os.path.dirname(os.path.abspath(graphsync.__file__)))
+    stamp = os.path.join(where, "COMMIT")
+    if os.path.exists(stamp):
+        return f"snapshot of {open(stamp).read().strip()} ({where})"
+
+    def git(*args):
+        try:
+            return subprocess.run(["git", "-C", where, *args], capture_output=True, text=True,
+                                  check=False).stdout.strip()
+        except OSError:
+            return ""
+    commit = git("rev-parse", "--short", "HEAD") or "?"
+    dirty = git("status", "--porcelain", "--", "graphsync")
+    return f"@ {commit}" + (" + uncommitted changes in graphsync/" if dirty else "")
 
 
 def table(rows: list[dict], columns: list[tuple[str, str]]) -> str:

@@ -13,7 +13,7 @@ builder so the same network is built
 resnet: 32×32×3 input, stem + 3 stages of one basic residual block (16/32/64 channels), 9 batch norms,
         global pooling, dense classifier (10 classes).
 segnet: 32×32×3 input, U-Net-style encoder–decoder (16/32/64 channels, two convs per level, skip
-        concatenations, nearest upsampling), 10 batch norms, per-pixel classifier (5 classes).
+        concatenations, nearest upsampling), 9 batch norms, per-pixel classifier (5 classes).
 """
 from __future__ import annotations
 
@@ -147,8 +147,10 @@ class TowerBuilder:
 
 
 def build_towers(arch: str, towers: int, bn: str, batches, gradients: str = "per-tower",
-                 rewrite: bool = False, learning_rate: float = 0.01):
-    """A multi-tower training graph (CIFAR10 pattern), the data as per-tower constants.
+                 rewrite: bool = False, learning_rate: float = 0.01, dynamic_batch: bool = False):
+    """A multi-tower training graph (CIFAR10 pattern), the data as per-tower constants, or with
+    dynamic_batch fed to placeholders of unknown batch size (returned as 'feed'), as in most input
+    pipelines: then the per-tower element counts are only known at run time.
 
     gradients: 'per-tower' (compute_gradients in each tower's scope, as the CIFAR10 example) or
                'summed' (one tf.gradients of the mean tower loss, colocated with the forward ops).
@@ -159,11 +161,17 @@ def build_towers(arch: str, towers: int, bn: str, batches, gradients: str = "per
     with graph.as_default():
         tf1.set_random_seed(1)
         builder = TowerBuilder(towers, bn)
-        xs, labels = [], []
+        xs, labels, feed = [], [], {}
         for i, (x, t) in enumerate(batches):
             with tf.device(f"/cpu:{i}"), tf.name_scope(f"tower_{i}/input/"):
-                xs.append(tf.constant(x, name="images"))
-                labels.append(tf.constant(t, name="labels"))
+                if dynamic_batch:
+                    x_in = tf1.placeholder(tf.float32, (None,) + x.shape[1:], name="images")
+                    t_in = tf1.placeholder(tf.int32, (None,) + t.shape[1:], name="labels")
+                    feed.update({x_in: x, t_in: t})
+                else:
+                    x_in, t_in = tf.constant(x, name="images"), tf.constant(t, name="labels")
+                xs.append(x_in)
+                labels.append(t_in)
         logits = fn(builder, xs)
         losses = builder._each("loss", lambda i, z, t: tf.reduce_mean(
             tf.nn.sparse_softmax_cross_entropy_with_logits(labels=t, logits=z)), logits, labels)
@@ -187,7 +195,7 @@ def build_towers(arch: str, towers: int, bn: str, batches, gradients: str = "per
         if rewrite:
             import graphsync
             report = graphsync.rewrite_towers(graph)
-    return dict(graph=graph, train_op=train_op, losses=losses, init=init, report=report,
+    return dict(graph=graph, train_op=train_op, losses=losses, init=init, report=report, feed=feed,
                 bn_layers=builder.bn_layers[:len(builder.bn_layers)], ops=len(graph.get_operations()))
 
 

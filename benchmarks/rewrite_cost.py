@@ -18,7 +18,6 @@ import gc
 import io
 import os
 import pstats
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -124,12 +123,11 @@ def _profile_text(profiler, top):
 def cli_end_to_end(graph, work_dir):
     """`graphsync rewrite` on the saved graph vs. a script that only reads and writes it, both as
     fresh processes (so both pay the TensorFlow import). None when the CLI has no rewrite command."""
-    exe = shutil.which("graphsync")
-    base = [exe] if exe else [sys.executable, "-c", "import sys; sys.argv[0]='graphsync'; "
-                                                    "from cli.main import main; main()"]
-    env = dict(os.environ, PYTHONPATH=_common.REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    # the CLI of the code under test (not whatever `graphsync` may be installed)
+    base = [sys.executable, "-c", "import sys; sys.argv[0] = 'graphsync'; from cli.main import main; main()"]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([_common.SOURCE, os.environ.get("PYTHONPATH", "")]))
     probe = subprocess.run(base + ["rewrite", "--help"], capture_output=True, text=True, env=env,
-                           cwd=_common.REPO)
+                           cwd=work_dir)
     if probe.returncode != 0:
         return {"skipped": "no `graphsync rewrite` command yet (cli/main.py has no rewrite subcommand): "
                            + (probe.stderr.strip().splitlines() or ["?"])[-1]}
@@ -146,7 +144,7 @@ def cli_end_to_end(graph, work_dir):
             cmd = base + ["rewrite", src, "-o", dst] if kind == "cli" else \
                 [sys.executable, "-c", copy_script, src, dst]
             t0 = _common.now()
-            done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=_common.REPO)
+            done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=work_dir)
             timings[kind].append(_common.now() - t0)
             if done.returncode != 0:
                 return {"skipped": f"`{' '.join(cmd[-4:])}` failed: {done.stderr.strip()[-300:]}"}

@@ -111,7 +111,9 @@ def _stderr_to_file():
 def _library(verbose: bool = False):
     """Imports graphsync (and TensorFlow) without TensorFlow's start-up lines on the terminal."""
     if "graphsync.io" not in sys.modules:
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        # C++ log lines (e.g. "NodeDef mentions attribute … not in the op definition") would break
+        # the one-line contract; graphsync reports what matters itself. -v lets warnings through.
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1" if verbose else "3")
         with _stderr_to_file() as captured:
             try:
                 import graphsync.io  # noqa: F401

@@ -1,0 +1,208 @@
+"""Accuracy of the batch statistics in float32, against float64 computed on the same float32 data:
+ordinary data and data with a large offset (x = offset + N(0, 1) per channel, so |mean|/std = offset).
+
+Methods, all over the same 4 towers' activations on 4 logical CPU devices:
+
+  graphsync        a 4-tower graph of FusedBatchNormV3 ops (training) rewritten by
+                   graphsync.rewrite_towers(); the mean and (Bessel-corrected) variance its consumers see
+  E[x²]−E[x]²      per-device float32 sums of x and x² and counts, summed across devices, then
+                   Q/N − (S/N)² clamped at 0: the combination of Keras synchronized=True, Horovod, tensorpack
+  Keras peer       tf_keras BatchNormalization(synchronized=True, momentum=0) under MirroredStrategy on the
+                   same 4 devices: its moving mean/variance after one training call
+  fused, 1 device  FusedBatchNormV3 on the concatenated batch on one device (what graphsync must match)
+  moments, 1 dev.  tf.nn.moments on the concatenated batch on one device
+  shifted sums     per-device sums of (x − s) and (x − s)², s = tower 0's first example, per channel
+                   (a reference for what a shared shift achieves; not a peer)
+  Chan, refined    graphsync's combination with each tower's float32 mean m̂ corrected by its residual
+  tower means      r = Σ(x − m̂) in float64 (m = m̂ + r/n, M2 = Σ(x − m̂)² − r²/n, the corrected two-pass
+                   algorithm): a candidate fix, not what graphsync does
+
+Errors: variance |v̂ − v| / v and mean |μ̂ − μ| / σ, maximum over channels, median over seeds
+(v Bessel-corrected for the methods that report it so, biased otherwise).
+
+    python benchmarks/accuracy.py
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common  # noqa: E402
+
+tf = _common.import_tf()
+tf1 = tf.compat.v1
+TOWERS = 4
+_cpus = tf.config.list_physical_devices("CPU")
+tf.config.set_logical_device_configuration(_cpus[0], [tf.config.LogicalDeviceConfiguration()] * TOWERS)
+CONFIG = tf1.ConfigProto(device_count={"CPU": TOWERS}, inter_op_parallelism_threads=2,
+                         intra_op_parallelism_threads=1)
+
+import numpy as np  # noqa: E402
+
+import graphsync  # noqa: E402
+
+with _common.quiet_stderr():
+    import tf_keras  # noqa: E402
+
+METHODS = ["graphsync", "E[x²]−E[x]²", "Keras peer", "fused, 1 device", "moments, 1 device", "shifted sums",
+           "Chan, refined tower means"]
+BESSEL = {"graphsync": True, "fused, 1 device": True}
+
+
+def graphsync_graph(shape):
+    """Four towers of fused batch norm, rewritten; returns (graph, placeholders, mean, variance)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        xs, means, variances = [], [], []
+        for i in range(TOWERS):
+            with tf.device(f"/cpu:{i}"), tf.name_scope(f"tower_{i}/"):
+                x = tf1.placeholder(tf.float32, shape, name="x")
+                c = shape[-1]
+                y, mean, var = tf1.nn.fused_batch_norm(x, tf.ones([c]), tf.zeros([c]), epsilon=1e-3,
+                                                       is_training=True)[:3]
+                xs.append(x)
+                means.append(tf.identity(mean, name="mean_seen"))
+                variances.append(tf.identity(var, name="variance_seen"))
+                tf.identity(y, name="y_seen")
+        report = graphsync.rewrite_towers(graph)
+        assert len(report.layers) == 1, report
+    return graph, xs, means[1], variances[1]
+
+
+def plain_graph(shape):
+    """The other in-graph methods; returns (graph, placeholders, {method: (mean, variance)})."""
+    graph = tf.Graph()
+    out = {}
+    with graph.as_default():
+        xs, sums, squares, counts, shifted, shifted_sq = [], [], [], [], [], []
+        with tf.device("/cpu:0"):
+            xs = [tf1.placeholder(tf.float32, shape, name=f"x{i}") for i in range(TOWERS)]
+            shift = tf.stop_gradient(xs[0][0, 0, 0])
+        for i, x in enumerate(xs):
+            with tf.device(f"/cpu:{i}"):
+                sums.append(tf.reduce_sum(x, [0, 1, 2]))
+                squares.append(tf.reduce_sum(tf.square(x), [0, 1, 2]))
+                counts.append(tf.cast(tf.reduce_prod(tf.shape(x)[:3]), tf.float32))
+                d = x - shift
+                shifted.append(tf.reduce_sum(d, [0, 1, 2]))
+                shifted_sq.append(tf.reduce_sum(tf.square(d), [0, 1, 2]))
+        refined = []
+        for i, x in enumerate(xs):
+            with tf.device(f"/cpu:{i}"):
+                m_hat = tf.reduce_mean(x, [0, 1, 2])
+                d = x - m_hat
+                r = tf.cast(tf.reduce_sum(d, [0, 1, 2]), tf.float64)
+                q = tf.cast(tf.reduce_sum(tf.square(d), [0, 1, 2]), tf.float64)
+                n_t = tf.cast(counts[i], tf.float64)
+                refined.append((n_t, tf.cast(m_hat, tf.float64) + r / n_t, q - r * r / n_t))
+        with tf.device("/cpu:0"):
+            n64 = tf.add_n([t[0] for t in refined])
+            mean64 = tf.add_n([t[0] * t[1] for t in refined]) / n64
+            m2 = tf.add_n([t[2] + t[0] * tf.square(t[1] - mean64) for t in refined])
+            out["Chan, refined tower means"] = (tf.cast(mean64, tf.float32), tf.cast(m2 / n64, tf.float32))
+            n = tf.add_n(counts)
+            mean = tf.add_n(sums) / n
+            out["E[x²]−E[x]²"] = (mean, tf.maximum(tf.add_n(squares) / n - tf.square(mean), 0.0))
+            d_mean = tf.add_n(shifted) / n
+            out["shifted sums"] = (shift + d_mean, tf.add_n(shifted_sq) / n - tf.square(d_mean))
+            whole = tf.concat(xs, 0)
+            c = shape[-1]
+            _, f_mean, f_var = tf1.nn.fused_batch_norm(whole, tf.ones([c]), tf.zeros([c]), epsilon=1e-3,
+                                                       is_training=True)[:3]
+            out["fused, 1 device"] = (f_mean, f_var)
+            out["moments, 1 device"] = tf.nn.moments(whole, [0, 1, 2])
+    return graph, xs, out
+
+
+def keras_peer(shape):
+    """A function data → (mean, biased variance) from Keras synchronized BN's moving statistics."""
+    strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(TOWERS)])
+    with strategy.scope():
+        layer = tf_keras.layers.BatchNormalization(synchronized=True, momentum=0.0, epsilon=1e-3)
+        layer.build((None,) + tuple(shape[1:]))
+
+    @tf.function
+    def step(x):
+        strategy.run(lambda v: layer(v, training=True), args=(x,))
+
+    def run(parts):
+        x = strategy.experimental_distribute_values_from_function(
+            lambda ctx: tf.constant(parts[ctx.replica_id_in_sync_group]))
+        step(x)
+        return layer.moving_mean.numpy(), layer.moving_variance.numpy()
+    return run
+
+
+def errors(mean, var, parts, bessel):
+    whole = np.concatenate(parts).astype(np.float64).reshape(-1, parts[0].shape[-1])
+    true_mean = whole.mean(0)
+    true_var = whole.var(0)
+    n = whole.shape[0]
+    want_var = true_var * n / (n - 1) if bessel else true_var
+    var_err = np.max(np.abs(np.asarray(var, np.float64) - want_var) / want_var)
+    mean_err = np.max(np.abs(np.asarray(mean, np.float64) - true_mean) / np.sqrt(true_var))
+    return float(var_err), float(mean_err)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--offsets", nargs="+", type=float, default=[0, 1e2, 1e3, 1e4])
+    parser.add_argument("--seeds", type=int, default=15)
+    parser.add_argument("--shape", nargs=4, type=int, default=[8, 16, 16, 16],
+                        help="per-tower activation shape N H W C")
+    parser.add_argument("--json")
+    args = parser.parse_args(argv)
+    shape = tuple(args.shape)
+    print(_common.header("Accuracy of the statistics, float32 vs float64", argv))
+
+    g_graph, g_xs, g_mean, g_var = graphsync_graph((None,) + shape[1:])
+    p_graph, p_xs, p_out = plain_graph((None,) + shape[1:])
+    peer = keras_peer(shape)
+    g_sess = tf1.Session(graph=g_graph, config=CONFIG)
+    p_sess = tf1.Session(graph=p_graph, config=CONFIG)
+
+    results = {}  # (method, offset) -> list of (var_err, mean_err)
+    for offset in args.offsets:
+        for seed in range(args.seeds):
+            rng = np.random.RandomState(seed)
+            parts = [(offset + rng.randn(*shape)).astype(np.float32) for _ in range(TOWERS)]
+            got = {"graphsync": g_sess.run([g_mean, g_var], dict(zip(g_xs, parts)))}
+            got.update(p_sess.run(p_out, dict(zip(p_xs, parts))))
+            got["Keras peer"] = peer(parts)
+            for method in METHODS:
+                mean, var = got[method]
+                results.setdefault((method, offset), []).append(
+                    errors(mean, var, parts, BESSEL.get(method, False)))
+
+    def med(method, offset, k):
+        return _common.median([r[k] for r in results[(method, offset)]])
+
+    n_total = TOWERS * int(np.prod(shape[:3]))
+    for k, what in ((0, "variance, relative error |v̂ − v| / v"), (1, "mean, error |μ̂ − μ| / σ")):
+        rows = [dict(method=m, **{f"o{o:g}": med(m, o, k) for o in args.offsets}) for m in METHODS]
+        print(f"\n**{what}** ({TOWERS} towers × {shape} float32, N = {n_total} per channel; max over "
+              f"{shape[-1]} channels, median of {args.seeds} seeds)\n")
+        print(_common.table(rows, [("method", "method \\ |mean|/std")] +
+                            [(f"o{o:g}", f"{o:g}") for o in args.offsets]))
+
+    print("\n**Targets** (variance error): graphsync ≥ 10× smaller than E[x²]−E[x]² on offset data, and within "
+          "2× of the single-device fused kernel\n")
+    rows = []
+    for o in args.offsets:
+        g = med("graphsync", o, 0)
+        naive = med("E[x²]−E[x]²", o, 0)
+        fused = med("fused, 1 device", o, 0)
+        rows.append(dict(offset=f"{o:g}", naive_ratio=naive / g if g else float("inf"),
+                         fused_ratio=g / fused if fused else float("inf"),
+                         ten=("met" if naive >= 10 * g else "MISSED") if o >= 1e3 else "(n/a)",
+                         two=("met" if g <= 2 * fused else "MISSED")))
+    print(_common.table(rows, [("offset", "|mean|/std"), ("naive_ratio", "E[x²]−E[x]² error ÷ graphsync error"),
+                               ("ten", "≥ 10×"), ("fused_ratio", "graphsync error ÷ 1-device fused error"),
+                               ("two", "≤ 2×")]))
+    _common.write_json(args.json, {f"{m}|{o:g}": v for (m, o), v in results.items()})
+
+
+if __name__ == "__main__":
+    main()

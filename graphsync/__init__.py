@@ -4,9 +4,10 @@
     report = graphsync.rewrite_towers()   # after building the towers (and, ideally, their gradients)
 """
 from graphsync.errors import GraphsyncError, GraphsyncWarning
+from graphsync.exchange import ProcessGroup
 from graphsync.report import LayerReport, RewriteReport, SkippedReport
 from graphsync.rewrite import rewrite_towers
 
 __version__ = "0.1.0"
-__all__ = ["rewrite_towers", "GraphsyncError", "GraphsyncWarning", "RewriteReport", "LayerReport",
+__all__ = ["rewrite_towers", "ProcessGroup", "GraphsyncError", "GraphsyncWarning", "RewriteReport", "LayerReport",
            "SkippedReport", "__version__"]

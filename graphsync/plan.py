@@ -67,10 +67,47 @@ class Plan:
     device: str
     layers: list[LayerPlan]
     skipped: list[tuple[str, str]]
+    strategy: str = "gather"
+    groups: list = dataclasses.field(default_factory=list)   # tower indices per sync group
+    process_group: object = None
 
 
-def make_plan(graph: tf.Graph, towers=None, device: str | None = None) -> Plan:
+def make_plan(graph: tf.Graph, towers=None, device: str | None = None, *, strategy: str = "gather",
+              group_size: int | None = None, process_group=None) -> Plan:
     """Everything the splice needs, validated; raises GraphsyncError and leaves the graph alone."""
+    plan = _match_and_pair(graph, towers, device, process_group)
+    plan.strategy, plan.process_group = strategy, process_group
+    plan.groups = _groups(len(plan.towers), group_size)
+    if strategy not in ("gather", "allreduce"):
+        raise GraphsyncError(f"unknown strategy {strategy!r}: use 'gather' or 'allreduce'")
+    if process_group is not None and strategy != "allreduce":
+        raise GraphsyncError("between-graph replication (a process group) needs strategy='allreduce'")
+    if strategy == "allreduce":
+        for layer in plan.layers:
+            for members in plan.groups:
+                devices = [_canonical(layer.sites[i].device) for i in members]
+                if "" in devices or len(set(devices)) < len(devices):
+                    raise GraphsyncError(
+                        f"strategy='allreduce' needs every tower of a sync group on its own device, but "
+                        f"{layer.sites[members[0]].op.name} and its peers sit on {sorted(set(devices))}: "
+                        "place the towers with tf.device, or use strategy='gather'")
+    return plan
+
+
+def _groups(n_towers: int, group_size: int | None) -> list[list[int]]:
+    """Consecutive groups of `group_size` towers (all towers by default)."""
+    if not group_size or n_towers == 0:
+        return [list(range(n_towers))]
+    if group_size < 1 or n_towers % group_size:
+        raise GraphsyncError(f"group_size={group_size} does not divide the {n_towers} towers into equal groups")
+    return [list(range(i, i + group_size)) for i in range(0, n_towers, group_size)]
+
+
+def _canonical(device: str) -> str:
+    return tf.DeviceSpec.from_string(device).to_string() if device else ""
+
+
+def _match_and_pair(graph: tf.Graph, towers, device, process_group) -> Plan:
     candidates = match.fused_candidates(graph) + match.moments_candidates(graph)
     skipped = [(c.name, c.skip_reason) for c in candidates if c.skip_reason]
     live = [c for c in candidates if not c.skip_reason]
@@ -80,6 +117,9 @@ def make_plan(graph: tf.Graph, towers=None, device: str | None = None) -> Plan:
     _reject_hidden(hidden, [t for t in found_towers if explicit or t.prefix != ROOT])
     if not live:
         return Plan(found_towers, device or "", [], skipped)
+    if not found_towers and process_group is not None:
+        found_towers = find_towers([], [ROOT])   # one replica per worker graph: the whole graph
+        explicit = True
     if not found_towers:
         raise GraphsyncError(
             f"no towers found among {len(live)} batch-norm ops (e.g. {live[0].name}): expected scopes "
@@ -94,7 +134,7 @@ def make_plan(graph: tf.Graph, towers=None, device: str | None = None) -> Plan:
         by_layer.setdefault(cand.name[len(tower.prefix):], {})[tower] = cand
 
     found_towers = _drop_unpaired_root(found_towers, by_layer, explicit)
-    if len(found_towers) < 2:
+    if len(found_towers) < 2 and process_group is None:
         for cands in by_layer.values():
             skipped.extend((c.name, "single tower: nothing to synchronize with") for c in cands.values())
         return Plan(found_towers, device or "", [], skipped)

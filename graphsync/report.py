@@ -28,6 +28,17 @@ class RewriteReport:
     skipped: list[SkippedReport] = dataclasses.field(default_factory=list)
     edges_moved: int = 0
     grad_ops_replaced: int = 0
+    strategy: str = "gather"
+    groups: list = dataclasses.field(default_factory=list)
+    process_group: tuple | None = None
+
+    @property
+    def where(self) -> str:
+        """Where the aggregation runs, in words."""
+        if self.strategy == "allreduce":
+            span = f" across {self.process_group[0]} worker processes" if self.process_group else ""
+            return f"all-reduced on the towers' devices{span}"
+        return f"on {self.device or 'the default device'}"
 
     @property
     def changed(self) -> bool:
@@ -42,11 +53,13 @@ class RewriteReport:
         kinds = sorted({layer.kind for layer in self.layers})
         grads = "gradients rewritten" if any(l.backward == "rewritten" for l in self.layers) \
             else "gradients not built yet"
-        return (f"{len(self.layers)} layers × {len(self.towers)} towers synchronized on {self.device or 'default'}"
+        groups = f" in {len(self.groups)} groups of {len(self.groups[0])}" if len(self.groups) > 1 else ""
+        return (f"{len(self.layers)} layers × {len(self.towers)} towers synchronized{groups} {self.where}"
                 f" ({', '.join(kinds)}; {grads})")
 
     def to_dict(self) -> dict:
         return {"summary": self.summary, "towers": self.towers, "device": self.device,
+                "strategy": self.strategy, "groups": self.groups, "process_group": self.process_group,
                 "layers": [dataclasses.asdict(l) for l in self.layers],
                 "skipped": [dataclasses.asdict(s) for s in self.skipped],
                 "edges_moved": self.edges_moved, "grad_ops_replaced": self.grad_ops_replaced}

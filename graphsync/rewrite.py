@@ -5,11 +5,14 @@ import tensorflow as tf
 
 from graphsync import match, splice, tf_private
 from graphsync.errors import GraphsyncError
+from graphsync.exchange import ProcessGroup, make_exchange
 from graphsync.plan import Plan, make_plan
 from graphsync.report import LayerReport, RewriteReport, SkippedReport
 
 
-def rewrite_towers(graph: tf.Graph | None = None, *, towers=None, device: str | None = None) -> RewriteReport:
+def rewrite_towers(graph: tf.Graph | None = None, *, towers=None, device: str | None = None,
+                   strategy: str = "gather", group_size: int | None = None,
+                   process_group: ProcessGroup | None = None) -> RewriteReport:
     """Makes every batch norm in every tower of `graph` use the statistics of the whole multi-tower
     batch, forward and backward, in place.
 
@@ -17,6 +20,13 @@ def rewrite_towers(graph: tf.Graph | None = None, *, towers=None, device: str | 
     towers:  None to discover the usual scopes (tower_0/, tower_0/v0/, tower0/, clone_0/, replica_1/),
              a regular expression matching each tower's prefix, or a list of prefixes ('' = root).
     device:  where the statistics of all towers are combined (default: CPU 0 of tower 0's host).
+    strategy: 'gather' (statistics merged on `device`) or 'allreduce' (one CollectiveReduceV2 per
+             layer and direction on the towers' own devices; every tower must then run each step:
+             fetch train_op, or anything that depends on every tower).
+    group_size: synchronize within consecutive groups of this many towers (default: all towers).
+    process_group: ProcessGroup(tasks, index) for between-graph replication (one graph per worker
+             process, strategy='allreduce'); each server's config needs
+             experimental.collective_group_leader.
 
     Raises GraphsyncError, leaving the graph untouched, when the graph cannot be rewritten.
     """
@@ -24,11 +34,15 @@ def rewrite_towers(graph: tf.Graph | None = None, *, towers=None, device: str | 
     if graph.finalized:
         raise GraphsyncError("the graph is finalized (a MonitoredSession or Supervisor froze it): "
                              "call rewrite_towers() before creating the session")
-    plan = make_plan(graph, towers, device)
-    report = RewriteReport([t.label for t in plan.towers], plan.device,
-                           skipped=[SkippedReport(op, why) for op, why in plan.skipped])
+    plan = make_plan(graph, towers, device, strategy=strategy, group_size=group_size,
+                     process_group=process_group)
+    report = RewriteReport([t.label for t in plan.towers], plan.device if strategy == "gather" else "",
+                           skipped=[SkippedReport(op, why) for op, why in plan.skipped], strategy=strategy,
+                           groups=[[plan.towers[i].label for i in g] for g in plan.groups],
+                           process_group=process_group and (process_group.tasks, process_group.index))
+    exchange = make_exchange(graph, plan.strategy, plan.device, plan.groups, process_group) if plan.layers else None
     for layer in plan.layers:
-        count = splice.splice_layer(graph, layer, plan.device)
+        count = splice.splice_layer(graph, layer, exchange)
         report.edges_moved += count.edges
         report.grad_ops_replaced += count.grads_replaced
         report.layers.append(LayerReport(layer.name, layer.kind, tuple(s.op.name for s in layer.sites),

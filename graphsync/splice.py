@@ -7,54 +7,15 @@ Only the sufficient statistics cross devices: forward up n, m, M2 (2C+1 numbers)
 """
 from __future__ import annotations
 
-import collections
 import dataclasses
-import warnings
 
 import tensorflow as tf
 
 from graphsync import match, stats
-from graphsync.errors import GraphsyncWarning
+from graphsync.exchange import Synchronized
 from graphsync.plan import LayerPlan, Site
 from graphsync.reroute import reroute_consumers, reroute_control_outputs
 from graphsync.tf_private import pristine_scope
-
-AGGREGATION_SCOPE = "graphsync"
-UPLOAD_GRADIENT = "GraphsyncStatisticsUpload"
-_differentiations = collections.Counter()
-_warned_graphs = set()
-
-
-@tf.RegisterGradient(UPLOAD_GRADIENT)
-def _upload_gradient(op, grad):
-    """Identity's gradient, counting how many tf.gradients calls pass through a tower's upload.
-
-    One call over the sum of the tower losses passes once per layer. A second pass means one
-    tf.gradients per tower after the forward was rewritten: still exact, but each tower's backward
-    then runs through every tower (work grows with towers²).
-    """
-    key = (id(op.graph), op.name)
-    _differentiations[key] += 1
-    if _differentiations[key] == 2 and id(op.graph) not in _warned_graphs:
-        _warned_graphs.add(id(op.graph))
-        warnings.warn(
-            f"graphsync: {op.name} (and likely every synchronized layer) is differentiated by more than "
-            "one tf.gradients call; after a rewrite each per-tower tf.gradients runs through every tower "
-            "(work grows with towers squared). Results stay exact. Remedy: call graphsync.rewrite_towers() "
-            "after building the gradients, or differentiate the sum of the tower losses once.",
-            GraphsyncWarning, stacklevel=2)
-    return grad
-
-
-@dataclasses.dataclass
-class TowerStatistics:
-    """One tower's view of the global statistics (on the tower's device)."""
-
-    count: tf.Tensor      # n_t, float64
-    total: tf.Tensor      # N, float64
-    mean: tf.Tensor       # μ, keep-dims shape
-    variance: tf.Tensor   # σ² (biased), keep-dims shape
-
 
 @dataclasses.dataclass
 class SpliceCount:
@@ -63,39 +24,25 @@ class SpliceCount:
     grads_replaced: int = 0
 
 
-def splice_layer(graph: tf.Graph, layer: LayerPlan, device: str) -> SpliceCount:
+def splice_layer(graph: tf.Graph, layer: LayerPlan, exchange) -> SpliceCount:
+    """Synchronizes one layer through `exchange` (see graphsync.exchange); returns what moved."""
     count = SpliceCount()
-    statistics = _synchronized_moments(graph, layer, device)
-    if layer.kind == "fused":
-        forwards = [_fused_forward(graph, layer, site, s, count) for site, s in zip(layer.sites, statistics)]
-        for k in range(len(layer.sites[0].grad_ops)):
-            _fused_backward(graph, layer, device, forwards, k, count)
-    else:
-        for site, s in zip(layer.sites, statistics):
-            _moments_forward(graph, layer, site, s, count)
-        for k in range(len(layer.sites[0].grad_ops)):
-            _moments_backward(graph, layer, device, statistics, k, count)
-    return count
-
-
-def _input(site: Site) -> tf.Tensor:
-    return site.op.inputs[0]
-
-
-def _synchronized_moments(graph, layer: LayerPlan, device) -> list[TowerStatistics]:
-    """Every tower's (n, m, M2) up to `device`, merged there, the global moments back down."""
     uploads = []
     for site in layer.sites:
         with pristine_scope(graph, site.device, site.op.name + "_sync"), \
                 graph.control_dependencies(site.op.control_inputs):
-            n, mean, m2 = stats.local_moments(stats.as_float32(_input(site)), layer.layout)
-            if not layer.has_gradients:
-                with graph.gradient_override_map({"Identity": UPLOAD_GRADIENT}):
-                    mean, m2 = tf.identity(mean, name="upload_mean"), tf.identity(m2, name="upload_m2")
-            uploads.append((n, mean, m2))
-    with pristine_scope(graph, device, f"{AGGREGATION_SCOPE}/{layer.name}/forward"):
-        total, mean, variance = stats.merge_moments(*zip(*uploads))
-    return [TowerStatistics(n, total, mean, variance) for n, _, _ in uploads]
+            uploads.append(stats.local_moments(stats.as_float32(site.op.inputs[0]), layer.layout))
+    statistics = exchange.moments(graph, layer, layer.sites, uploads)
+    if layer.kind == "fused":
+        forwards = [_fused_forward(graph, layer, site, s, count) for site, s in zip(layer.sites, statistics)]
+        for k in range(len(layer.sites[0].grad_ops)):
+            _fused_backward(graph, layer, exchange, forwards, k, count)
+    else:
+        for site, s in zip(layer.sites, statistics):
+            _moments_forward(graph, layer, site, s, count)
+        for k in range(len(layer.sites[0].grad_ops)):
+            _moments_backward(graph, layer, exchange, statistics, k, count)
+    return count
 
 
 @dataclasses.dataclass
@@ -105,7 +52,7 @@ class FusedForward:
     total: tf.Tensor
 
 
-def _fused_forward(graph, layer: LayerPlan, site: Site, s: TowerStatistics, count: SpliceCount):
+def _fused_forward(graph, layer: LayerPlan, site: Site, s: Synchronized, count: SpliceCount):
     """y, batch mean and Bessel-corrected batch variance (or, with exponential_avg_factor f ≠ 1,
     the new moving averages) exactly as the op would compute them on the concatenated batch."""
     op = site.op
@@ -129,7 +76,7 @@ def _fused_forward(graph, layer: LayerPlan, site: Site, s: TowerStatistics, coun
     return FusedForward(s.mean, inv_std, s.total)
 
 
-def _fused_backward(graph, layer: LayerPlan, device, forwards, k: int, count: SpliceCount):
+def _fused_backward(graph, layer: LayerPlan, exchange, forwards, k: int, count: SpliceCount):
     """Replaces the k-th FusedBatchNormGrad of every tower by the synchronized backward."""
     local = []
     for site, fwd in zip(layer.sites, forwards):
@@ -140,11 +87,9 @@ def _fused_backward(graph, layer: LayerPlan, device, forwards, k: int, count: Sp
             x = stats.as_float32(grad_op.inputs[1])
             local.append((dy,) + stats.local_grad_sums(dy, x, fwd.mean, fwd.inv_std, layer.layout))
 
-    with pristine_scope(graph, device, f"{AGGREGATION_SCOPE}/{layer.name}/backward_{k}"):
-        sum_dy = tf.add_n([a for _, a, _, _ in local], name="sum_dy")
-        sum_dy_xhat = tf.add_n([b for _, _, b, _ in local], name="sum_dy_xhat")
-
-    for site, fwd, (dy, grad_offset, grad_scale, centred) in zip(layer.sites, forwards, local):
+    sums = exchange.sums(graph, layer, layer.sites, [[a, b] for _, a, b, _ in local], f"backward_{k}")
+    for site, fwd, (dy, grad_offset, grad_scale, centred), (sum_dy, sum_dy_xhat) in \
+            zip(layer.sites, forwards, local, sums):
         grad_op = site.grad_ops[k]
         with pristine_scope(graph, grad_op.device or site.device, f"{site.op.name}_sync_grad_{k}"):
             dx = stats.input_grad(dy, centred, grad_op.inputs[2], fwd.inv_std, sum_dy, sum_dy_xhat,
@@ -159,7 +104,7 @@ def _fused_backward(graph, layer: LayerPlan, device, forwards, k: int, count: Sp
         count.grads_replaced += 1
 
 
-def _moments_forward(graph, layer: LayerPlan, site: Site, s: TowerStatistics, count: SpliceCount):
+def _moments_forward(graph, layer: LayerPlan, site: Site, s: Synchronized, count: SpliceCount):
     """The moments' mean and variance become the global ones for every reader: normalization,
     moving averages, summaries, and the subgraph's own StopGradient (which the variance gradient
     reads). Shape-only readers of the squared difference move to x, which has its shape."""
@@ -176,7 +121,7 @@ def _moments_forward(graph, layer: LayerPlan, site: Site, s: TowerStatistics, co
         count.control_edges += reroute_control_outputs(op, [mean.op, variance.op])
 
 
-def _moments_backward(graph, layer: LayerPlan, device, statistics, k: int, count: SpliceCount):
+def _moments_backward(graph, layer: LayerPlan, exchange, statistics, k: int, count: SpliceCount):
     """The gradients arriving at every tower's mean (and variance) are summed across towers; each
     tower's Mean gradient then receives n_t/N of the sum, so it hands Σ_s g_s / N to its x: the
     gradient of the global moments. Together with the forward's global StopGradient this is the
@@ -184,14 +129,12 @@ def _moments_backward(graph, layer: LayerPlan, device, statistics, k: int, count
     grads = [site.grad_ops[k] for site in layer.sites]
     for which in ("mean", "variance"):
         arriving = [getattr(g, which) for g in grads]
-        present = [a for a in arriving if a is not None]
-        if not present:
+        if all(a is None for a in arriving):
             continue
-        with pristine_scope(graph, device, f"{AGGREGATION_SCOPE}/{layer.name}/backward_{k}"):
-            total = tf.add_n(present, name=f"sum_grad_{which}")
-        for site, g, a, s in zip(layer.sites, grads, arriving, statistics):
-            if a is None:
-                continue
+        if any(a is None for a in arriving):
+            raise AssertionError(f"plan: {layer.name} has a {which} gradient in some towers only")
+        totals = exchange.sums(graph, layer, layer.sites, [[a] for a in arriving], f"backward_{k}_{which}")
+        for site, g, a, s, (total,) in zip(layer.sites, grads, arriving, statistics, totals):
             with pristine_scope(graph, site.device, f"{site.op.name}_sync_grad_{k}"):
                 shared = tf.identity(stats.share(total, s.count, s.total), name=f"grad_{which}")
             count.edges += reroute_consumers(a, shared, only=getattr(g, f"{which}_readers"))

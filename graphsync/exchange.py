@@ -1,0 +1,266 @@
+"""How synchronized statistics cross devices: gathered on one device, or all-reduced.
+
+Both strategies offer the same two operations to the splice, per sync group of towers:
+
+    moments(uploads)  every tower's (n, m, M2) → every tower's (N, μ, σ²)   one sync point forward
+    sums(values)      every tower's [a, b, …]  → every tower's [Σa, Σb, …]  one sync point backward
+
+`Gather` (the default) sends the statistics to one chosen device, merges them there (Chan et al.,
+float64) and sends the result back: the seed's hand-written layout, minus the activations.
+
+`AllReduce` has no central device: each tower packs its statistics into one vector and runs one
+`CollectiveReduceV2` per layer and direction. The forward packs float64 [n, n·m, M2 + n·m²]; in
+float64 the E[x²]-style cancellation costs ~1e-16·(μ/σ)² relative, below the float32 statistics'
+own rounding up to |μ|/σ ≈ 1e4. Collectives span processes too (between-graph replication).
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import warnings
+import weakref
+
+import tensorflow as tf
+
+from graphsync import stats
+from graphsync.errors import GraphsyncError, GraphsyncWarning
+from graphsync.tf_private import pristine_scope
+
+AGGREGATION_SCOPE = "graphsync"
+UPLOAD_GRADIENT = "GraphsyncStatisticsUpload"
+ALLREDUCE_GRADIENT = "GraphsyncAllReduce"
+COLLECTIVE_TYPES = ("CollectiveReduce", "CollectiveReduceV2", "CollectiveGather", "CollectiveGatherV2",
+                    "CollectiveBcastSend", "CollectiveBcastRecv", "CollectiveBcastSendV2",
+                    "CollectiveBcastRecvV2", "CollectiveAllToAllV2", "CollectiveReduceScatterV2")
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessGroup:
+    """Between-graph replication: this graph is task `index` of `tasks` identical worker graphs,
+    whose towers synchronize through cross-process collectives (needs strategy="allreduce")."""
+
+    tasks: int
+    index: int
+
+    def __post_init__(self):
+        if not 0 <= self.index < self.tasks:
+            raise GraphsyncError(f"process group index {self.index} is outside 0..{self.tasks - 1}")
+
+
+@dataclasses.dataclass
+class Synchronized:
+    """One tower's view of the global statistics of its sync group (on the tower's device)."""
+
+    count: tf.Tensor      # n_t, float64
+    total: tf.Tensor      # N, float64
+    mean: tf.Tensor       # μ, keep-dims shape
+    variance: tf.Tensor   # σ² (biased), keep-dims shape
+
+
+# ---------------------------------------------------------------------------------------- gather
+
+_differentiations = collections.Counter()
+_warned_graphs = set()
+
+
+@tf.RegisterGradient(UPLOAD_GRADIENT)
+def _upload_gradient(op, grad):
+    """Identity's gradient, counting how many tf.gradients calls pass through a tower's upload.
+
+    One call over the sum of the tower losses passes once per layer. A second pass means one
+    tf.gradients per tower after the forward was rewritten: still exact, but each tower's backward
+    then runs through every tower (work grows with towers²).
+    """
+    key = (id(op.graph), op.name)
+    _differentiations[key] += 1
+    if _differentiations[key] == 2 and id(op.graph) not in _warned_graphs:
+        _warned_graphs.add(id(op.graph))
+        warnings.warn(
+            f"graphsync: {op.name} (and likely every synchronized layer) is differentiated by more than "
+            "one tf.gradients call; after a rewrite each per-tower tf.gradients runs through every tower "
+            "(work grows with towers squared). Results stay exact. Remedy: call graphsync.rewrite_towers() "
+            "after building the gradients, differentiate the sum of the tower losses once, or use "
+            "strategy='allreduce'.", GraphsyncWarning, stacklevel=2)
+    return grad
+
+
+class Gather:
+    """Statistics of each sync group merged on one device."""
+
+    name = "gather"
+
+    def __init__(self, device: str, groups):
+        self.device, self.groups = device, groups
+
+    def _scope(self, layer, part, g):
+        suffix = f"_group{g}" if len(self.groups) > 1 else ""
+        return f"{AGGREGATION_SCOPE}/{layer.name}/{part}{suffix}"
+
+    def moments(self, graph, layer, sites, uploads) -> list[Synchronized]:
+        out = [None] * len(sites)
+        if not layer.has_gradients:  # count later tf.gradients calls, to warn about per-tower ones
+            marked = []
+            for site, (n, mean, m2) in zip(sites, uploads):
+                with pristine_scope(graph, site.device, site.op.name + "_sync"), \
+                        graph.gradient_override_map({"Identity": UPLOAD_GRADIENT}):
+                    marked.append((n, tf.identity(mean, name="upload_mean"), tf.identity(m2, name="upload_m2")))
+            uploads = marked
+        for g, members in enumerate(self.groups):
+            with pristine_scope(graph, self.device, self._scope(layer, "forward", g)):
+                total, mean, variance = stats.merge_moments(*zip(*[uploads[i] for i in members]))
+            for i in members:
+                out[i] = Synchronized(uploads[i][0], total, mean, variance)
+        return out
+
+    def sums(self, graph, layer, sites, values, tag) -> list[list]:
+        out = [None] * len(sites)
+        for g, members in enumerate(self.groups):
+            with pristine_scope(graph, self.device, self._scope(layer, tag, g)):
+                totals = [tf.add_n([values[i][j] for i in members]) for j in range(len(values[members[0]]))]
+            for i in members:
+                out[i] = totals
+        return out
+
+
+# ------------------------------------------------------------------------------------- all-reduce
+
+class CollectiveKeys:
+    """Group and instance keys no collective in the graph uses yet, handed out in a deterministic
+    order, so identical graphs in several processes agree on them."""
+
+    def __init__(self, graph: tf.Graph):
+        used = [0]
+        for op in graph.get_operations():
+            if op.type in COLLECTIVE_TYPES:
+                for name in ("group_key", "instance_key"):
+                    value = _key_of(op, name)
+                    used.append(value if value is not None else 0)
+        self._next = itertools.count(max(max(used) + 1, 1 << 20))
+
+    def new(self) -> int:
+        return next(self._next)
+
+
+def _key_of(op, name):
+    try:
+        return int(op.get_attr(name))
+    except (ValueError, TypeError):
+        index = [a.name for a in op.op_def.input_arg].index(name) if name in \
+            [a.name for a in op.op_def.input_arg] else None
+        value = tf.get_static_value(op.inputs[index]) if index is not None else None
+        return int(value) if value is not None else None
+
+
+_allreduce_keys = weakref.WeakKeyDictionary()   # graph → CollectiveKeys (for gradients built later)
+_backward_keys = weakref.WeakKeyDictionary()    # graph → {(forward instance key, k): instance key}
+_times_differentiated = weakref.WeakKeyDictionary()
+
+
+def all_reduce(x: tf.Tensor, group_size: int, group_key: int, instance_key: int, name=None) -> tf.Tensor:
+    """Sum of x over the group, with a gradient that all-reduces the incoming gradient."""
+    with x.graph.gradient_override_map({"CollectiveReduceV2": ALLREDUCE_GRADIENT}):
+        return tf.raw_ops.CollectiveReduceV2(
+            input=x, group_size=tf.constant(group_size), group_key=tf.constant(group_key),
+            instance_key=tf.constant(instance_key), ordering_token=[], merge_op="Add", final_op="Id",
+            name=name)
+
+
+@tf.RegisterGradient(ALLREDUCE_GRADIENT)
+def _all_reduce_gradient(op, grad):
+    """The gradient of a sum over towers is the sum of the towers' gradients: another all-reduce.
+
+    Each tower's k-th differentiation of the same collective gets the same new instance key, so
+    the towers' gradient collectives pair up even when each tower calls tf.gradients itself.
+    """
+    graph = op.graph
+    forward_key = int(tf.get_static_value(op.inputs[3]))
+    seen = _times_differentiated.setdefault(graph, collections.Counter())
+    k = seen[op.name]
+    seen[op.name] += 1
+    keys = _backward_keys.setdefault(graph, {})
+    if (forward_key, k) not in keys:
+        allocator = _allreduce_keys.get(graph) or _allreduce_keys.setdefault(graph, CollectiveKeys(graph))
+        keys[(forward_key, k)] = allocator.new()
+    group_size, group_key = (int(tf.get_static_value(t)) for t in op.inputs[1:3])
+    return [all_reduce(grad, group_size, group_key, keys[(forward_key, k)])] + [None] * (len(op.inputs) - 1)
+
+
+class AllReduce:
+    """Statistics summed by one collective per layer and direction on the towers' own devices."""
+
+    name = "allreduce"
+
+    def __init__(self, graph: tf.Graph, groups, process_group: ProcessGroup | None = None):
+        self.groups, self.process_group = groups, process_group
+        self.keys = _allreduce_keys.setdefault(graph, CollectiveKeys(graph))
+        self.group_keys = [self.keys.new() for _ in groups]
+        self.scale = process_group.tasks if process_group else 1
+
+    def _reduce(self, graph, sites, packed, name):
+        """All-reduces each tower's packed vector; outputs wait for every local collective of the
+        group, so fetching one tower's result never leaves another tower's collective unrun."""
+        out = [None] * len(sites)
+        for g, members in enumerate(self.groups):
+            instance = self.keys.new()
+            reduced = {}
+            for i in members:
+                with pristine_scope(graph, sites[i].device, f"{sites[i].op.name}_sync/{name}"):
+                    reduced[i] = all_reduce(packed[i], len(members) * self.scale, self.group_keys[g], instance)
+            for i in members:
+                with pristine_scope(graph, sites[i].device, f"{sites[i].op.name}_sync/{name}"), \
+                        graph.control_dependencies([reduced[j].op for j in members if j != i]):
+                    out[i] = tf.identity(reduced[i], name="all_reduced")
+        return out
+
+    def moments(self, graph, layer, sites, uploads) -> list[Synchronized]:
+        packed = []
+        for site, (n, mean, m2) in zip(sites, uploads):
+            with pristine_scope(graph, site.device, site.op.name + "_sync/pack"):
+                mean64, m2_64 = tf.cast(mean, tf.float64), tf.cast(m2, tf.float64)
+                weighted = n * mean64
+                packed.append(tf.concat([tf.reshape(n, [1]), tf.reshape(weighted, [-1]),
+                                         tf.reshape(m2_64 + weighted * mean64, [-1])], 0))
+        reduced = self._reduce(graph, sites, packed, "forward")
+        out = []
+        for site, (n, mean, _), vector in zip(sites, uploads, reduced):
+            with pristine_scope(graph, site.device, site.op.name + "_sync/unpack"):
+                total = vector[0]
+                channels = (tf.size(vector) - 1) // 2
+                shape = _shape_of(mean)
+                global_mean = tf.math.divide_no_nan(tf.reshape(vector[1:1 + channels], shape), total)
+                second = tf.math.divide_no_nan(tf.reshape(vector[1 + channels:], shape), total)
+                variance = tf.maximum(second - tf.square(global_mean), 0.0)
+                out.append(Synchronized(n, total, tf.cast(global_mean, mean.dtype, name="mean"),
+                                        tf.cast(variance, mean.dtype, name="variance")))
+        return out
+
+    def sums(self, graph, layer, sites, values, tag) -> list[list]:
+        packed, shapes = [], []
+        for site, vals in zip(sites, values):
+            with pristine_scope(graph, site.device, f"{site.op.name}_sync/pack_{tag}"):
+                dtype = vals[0].dtype
+                packed.append(tf.concat([tf.reshape(tf.cast(v, dtype), [-1]) for v in vals], 0))
+                shapes.append([(_shape_of(v), tf.size(v), v.dtype) for v in vals])
+        reduced = self._reduce(graph, sites, packed, tag)
+        out = []
+        for site, vector, parts in zip(sites, reduced, shapes):
+            with pristine_scope(graph, site.device, f"{site.op.name}_sync/unpack_{tag}"):
+                pieces = tf.split(vector, [size for _, size, _ in parts])
+                out.append([tf.cast(tf.reshape(p, shape), dt) for p, (shape, _, dt) in zip(pieces, parts)])
+        return out
+
+
+def _shape_of(t: tf.Tensor):
+    """The static shape when fully known (keeps static shapes downstream), else the dynamic one."""
+    return t.shape.as_list() if t.shape.is_fully_defined() else tf.shape(t)
+
+
+def make_exchange(graph, strategy: str, device: str, groups, process_group=None):
+    if strategy == "gather":
+        if process_group is not None:
+            raise GraphsyncError("between-graph replication (process_group=) needs strategy='allreduce'")
+        return Gather(device, groups)
+    if strategy == "allreduce":
+        return AllReduce(graph, groups, process_group)
+    raise GraphsyncError(f"unknown strategy {strategy!r}: use 'gather' or 'allreduce'")

@@ -42,10 +42,11 @@ VARIANTS = {  # name: (batch norm, gradients, rewrite, dynamic batch size)
     "unsynced, dynamic batch": ("fused", "per-tower", False, True),
     "graphsync, dynamic batch": ("fused", "per-tower", True, True),
     "moments": ("moments", "per-tower", False, False),
+    "graphsync-moments": ("moments", "per-tower", True, False),
     "byhand": ("byhand", "per-tower", False, False),
     "byhand-summed": ("byhand", "summed", False, False)}
 BASELINE = {"graphsync": "unsynced", "graphsync, dynamic batch": "unsynced, dynamic batch",
-            "byhand": "moments", "byhand-summed": "moments"}
+            "graphsync-moments": "moments", "byhand": "moments", "byhand-summed": "moments"}
 
 
 def transfers(built):

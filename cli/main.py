@@ -219,6 +219,17 @@ class Progress:
 # Commands
 
 
+def _precheck_paths(input_path: str, output_path: str | None = None) -> None:
+    """The commonest mistakes, answered before the seconds TensorFlow takes to import (the same
+    messages graphsync.io gives; it checks everything again)."""
+    if not os.path.lexists(input_path) and not os.path.exists(input_path + ".index"):
+        raise Failure(f"{input_path}: no such file or directory", EXIT_USAGE)
+    if output_path is not None:
+        parent = os.path.dirname(os.path.abspath(output_path))
+        if not os.path.isdir(parent):
+            raise Failure(f"cannot write {output_path}: directory {parent} does not exist", EXIT_USAGE)
+
+
 def _check_regex(ctx, param, value):
     if value is None:
         return None
@@ -252,7 +263,7 @@ tags_option = click.option(
 verbose_option = click.option("-v", "--verbose", is_flag=True, help="Say more: every layer, skipped op and stage time.")
 
 
-@click.group(cls=GraphsyncGroup, context_settings={"help_option_names": ["-h", "--help"]},
+@click.group("graphsync", cls=GraphsyncGroup, context_settings={"help_option_names": ["-h", "--help"]},
              epilog="""\b
 Examples:
   graphsync inspect train.meta
@@ -313,6 +324,7 @@ def rewrite(input_path, output_path, towers, device, tags, fmt, logdir, as_json,
         raise click.UsageError("choose -q or -v, not both")
     if output_path is None and not dry_run:
         raise click.UsageError("missing option '-o' / '--output' (or pass --dry-run)")
+    _precheck_paths(input_path, output_path)
     graphsync = _library(verbose)
     _check_device(device)
     stages = ["loading", "rewriting"] + ([] if dry_run else ["saving"] + (["logging"] if logdir else []))
@@ -361,6 +373,7 @@ Examples:
 def inspect(input_path, towers, device, tags, as_json, verbose):
     """Show the towers in INPUT and every batch-norm candidate: what a rewrite would synchronize,
     what it would leave alone and why, and whether gradients are already built. Writes nothing."""
+    _precheck_paths(input_path)
     graphsync = _library(verbose)
     _check_device(device)
     with _library_errors(), _shown_warnings(False, verbose):

@@ -131,9 +131,12 @@ def _parse_text(text: str, path: str):
 def _parse_binary(data: bytes, path: str, hint: str | None):
     try:
         fields = _top_level_fields(data)
-    except _Truncated:
-        raise GraphFileError(f"{path} is truncated or corrupt: its data ends inside a protobuf field "
-                             "(was the file completely written?)") from None
+    except _Truncated as exc:
+        if any(exc.fields <= allowed for allowed in _TOP_LEVEL_FIELDS.values()):
+            raise GraphFileError(f"{path} is truncated or corrupt: its data ends inside a protobuf field "
+                                 "(was the file completely written?)") from None
+        raise GraphFileError(f"{path} is not a TensorFlow graph (not a GraphDef, MetaGraphDef or SavedModel)") \
+            from None
     except _Malformed:
         raise GraphFileError(f"{path} is not a TensorFlow graph (not a protocol buffer)") from None
     kinds = [kind for kind, allowed in _TOP_LEVEL_FIELDS.items() if fields <= allowed]
@@ -191,7 +194,9 @@ def one_line(exc: BaseException) -> str:
 
 
 class _Truncated(Exception):
-    pass
+    def __init__(self, fields=frozenset()):
+        super().__init__()
+        self.fields = fields
 
 
 class _Malformed(Exception):
@@ -213,26 +218,31 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
 
 
 def _top_level_fields(data: bytes) -> set[tuple[int, int]]:
-    """The (field number, wire type) pairs at the top level; raises _Truncated if a field runs past
-    the end, _Malformed if the bytes are not protobuf wire format."""
+    """The (field number, wire type) pairs at the top level; raises _Truncated (with the fields
+    seen, the cut one included) if a field runs past the end, _Malformed if the bytes are not
+    protobuf wire format."""
     pos, end, seen = 0, len(data), set()
     while pos < end:
-        key, pos = _varint(data, pos)
+        try:
+            key, pos = _varint(data, pos)
+        except _Truncated:
+            raise _Truncated(frozenset(seen | {(0, 0)})) from None
         field, wire = key >> 3, key & 7
-        if field == 0:
+        if field == 0 or wire not in (_VARINT, _FIXED64, _LEN, _FIXED32):
             raise _Malformed
-        if wire == _VARINT:
-            _, pos = _varint(data, pos)
-        elif wire == _FIXED64:
-            pos += 8
-        elif wire == _LEN:
-            length, pos = _varint(data, pos)
-            pos += length
-        elif wire == _FIXED32:
-            pos += 4
-        else:
-            raise _Malformed
-        if pos > end:
-            raise _Truncated
         seen.add((field, wire))
+        try:
+            if wire == _VARINT:
+                _, pos = _varint(data, pos)
+            elif wire == _FIXED64:
+                pos += 8
+            elif wire == _LEN:
+                length, pos = _varint(data, pos)
+                pos += length
+            else:
+                pos += 4
+        except _Truncated:
+            pos = end + 1
+        if pos > end:
+            raise _Truncated(frozenset(seen))
     return seen

@@ -447,10 +447,11 @@ def _format_inspection(info: dict, verbose: bool) -> str:
     if info["layers"]:
         lines.append(f"statistics combined on {info['device'] or '(default device)'}")
         width = max(len(layer["name"]) for layer in info["layers"])
+        kinds = max(4, max(len(layer["kind"]) for layer in info["layers"]))
         lines.append(f"batch-norm layers ({len(info['layers'])}), one op in each tower:")
-        lines.append(f"  {'layer':<{width}}  kind    would    gradient ops per tower")
+        lines.append(f"  {'layer':<{width}}  {'kind':<{kinds}}  would  gradient ops per tower")
         for layer in info["layers"]:
-            lines.append(f"  {layer['name']:<{width}}  {layer['kind']:<6}  sync     "
+            lines.append(f"  {layer['name']:<{width}}  {layer['kind']:<{kinds}}  sync   "
                          f"{layer['grad_ops_per_tower'] if layer['gradients'] else 'none yet'}")
             if verbose:
                 for site in layer["sites"]:

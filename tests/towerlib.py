@@ -72,7 +72,8 @@ def build(model_fn, batch_sizes, *, scope="tower_%d", devices=None, gradients="a
             for i, loss in enumerate(losses):
                 with tf.device(devices[i]), _scope(names[i]):
                     per_tower.append(tf.gradients(loss, variables))
-            summed = [tf.add_n(list(gs)) for gs in zip(*per_tower)]
+            # identity: a consumer the rewrite can reroute (tensors held in Python cannot change)
+            summed = [tf.identity(tf.add_n(list(gs))) for gs in zip(*per_tower)]
         opt = tf1.train.GradientDescentOptimizer(LEARNING_RATE)
         with tf.control_dependencies(updates[0]):  # the CIFAR10 pattern: tower 0's updates
             train_op = opt.apply_gradients(zip([g / (grad_divisor or n_towers) for g in summed], variables))
@@ -93,7 +94,7 @@ def data(batch_sizes, input_shape, out_shape, seed=0, offset=0.0, dtype=np.float
     return x, t
 
 
-def run_step(built: Built, x, t, batch_sizes):
+def run_step(built: Built, x, t, batch_sizes, target="", config=None):
     """One training step: outputs, losses, summed grads, then moving statistics after the update."""
     splits = np.cumsum(batch_sizes)[:-1]
     feed = {}
@@ -101,7 +102,7 @@ def run_step(built: Built, x, t, batch_sizes):
         feed[ph] = part
     for ph, part in zip(built.targets, np.split(t, splits)):
         feed[ph] = part
-    with built.graph.as_default(), tf1.Session(graph=built.graph, config=CONFIG) as sess:
+    with built.graph.as_default(), tf1.Session(target, graph=built.graph, config=config or CONFIG) as sess:
         sess.run(tf1.global_variables_initializer())
         outs, losses, grads = sess.run([built.outputs, built.losses, built.grads], feed)
         sess.run(built.train_op, feed)

@@ -1,0 +1,85 @@
+"""Real tf.distribute.Server processes on 127.0.0.1 for the distributed tests, always shut down."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+SERVER = r"""
+import json, os, sys
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+import tensorflow as tf
+cluster, job, task, leader = json.loads(sys.argv[1])
+config = tf.compat.v1.ConfigProto()
+if leader:
+    config.experimental.collective_group_leader = leader
+server = tf.distribute.Server(tf.train.ClusterSpec(cluster), job_name=job, task_index=task, config=config)
+print("ready", flush=True)
+server.join()
+"""
+
+
+def free_ports(n: int) -> list[int]:
+    sockets = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def cluster_spec(jobs: dict[str, int]) -> dict:
+    ports = iter(free_ports(sum(jobs.values())))
+    return {job: [f"127.0.0.1:{next(ports)}" for _ in range(n)] for job, n in jobs.items()}
+
+
+@contextlib.contextmanager
+def servers(cluster: dict, leader: str | None = None, timeout: float = 60.0):
+    """Starts one server process per task of `cluster`; yields when all listen; kills them after."""
+    procs = []
+    try:
+        for job, addresses in cluster.items():
+            for task in range(len(addresses)):
+                procs.append(subprocess.Popen(
+                    [sys.executable, "-c", SERVER, json.dumps([cluster, job, task, leader])],
+                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
+        deadline = time.time() + timeout
+        for proc in procs:
+            line = proc.stdout.readline()
+            if "ready" not in line or time.time() > deadline:
+                raise RuntimeError("a tf.distribute.Server did not start")
+        for address in (a for addresses in cluster.values() for a in addresses):
+            _wait_listening(address, deadline)
+        yield cluster
+    finally:
+        for proc in procs:
+            proc.kill()
+        for proc in procs:
+            proc.wait(timeout=30)
+
+
+def _wait_listening(address: str, deadline: float):
+    host, port = address.rsplit(":", 1)
+    while True:
+        try:
+            with socket.create_connection((host, int(port)), timeout=1):
+                return
+        except OSError:
+            if time.time() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def env_for_children() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(__file__)), os.path.dirname(__file__),
+                                         env.get("PYTHONPATH", "")])
+    return env

@@ -54,7 +54,8 @@ class RewriteReport:
         grads = "gradients rewritten" if any(l.backward == "rewritten" for l in self.layers) \
             else "gradients not built yet"
         groups = f" in {len(self.groups)} groups of {len(self.groups[0])}" if len(self.groups) > 1 else ""
-        return (f"{len(self.layers)} layers × {len(self.towers)} towers synchronized{groups} {self.where}"
+        layers = f"{len(self.layers)} layer{'s' if len(self.layers) != 1 else ''}"
+        return (f"{layers} × {len(self.towers)} towers synchronized{groups} {self.where}"
                 f" ({', '.join(kinds)}; {grads})")
 
     def to_dict(self) -> dict:

@@ -174,11 +174,12 @@ class Progress:
     the command is still running after `delay` seconds, and only when `enabled` (stderr is a
     terminal): fast runs and pipes see nothing."""
 
-    def __init__(self, stages, enabled: bool, file=None, delay: float = PROGRESS_DELAY, interval: float = 0.1):
+    def __init__(self, stages, enabled: bool, file=None, delay: float | None = None, interval: float = 0.1):
         self.stages = list(stages)
         self.enabled = enabled
         self.file = file
-        self.delay, self.interval = delay, interval
+        self.delay = PROGRESS_DELAY if delay is None else delay
+        self.interval = interval
         self.done, self.label = 0, ""
         self._finished = threading.Event()
         self._thread = None
@@ -210,7 +211,7 @@ class Progress:
             while True:
                 finished = self._finished.wait(self.interval)
                 target = len(self.stages) if finished else self.done
-                bar.update(target - bar.pos, current_item=self.label)
+                bar.update(target - bar.pos, current_item="done" if finished else self.label)
                 if finished:
                     break
 

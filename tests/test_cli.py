@@ -169,6 +169,33 @@ def test_rewritten_forward_graphdef_matches_one_device(rewritten):
     assert np.abs(_logits(FORWARD, 2, images, is_meta=False) - want).max() > 1e-2
 
 
+def _gradients(graph_path, towers, images, labels, is_meta):
+    """Gradients of the mean loss over all towers with respect to every variable, built after
+    loading (the rewritten forward-only graph differentiates through the synchronized statistics)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        if is_meta:
+            tf1.train.import_meta_graph(graph_path)
+        else:
+            tf1.import_graph_def(tf1.GraphDef.FromString(open(graph_path, "rb").read()), name="")
+        handles = [op.outputs[0] for op in graph.get_operations()
+                   if op.type == "VarHandleOp" and "global_step" not in op.name]
+        loss = tf.add_n([graph.get_tensor_by_name(f"tower_{i}/loss:0") for i in range(towers)]) / towers
+        pairs = [(h.op.name, g) for h, g in zip(handles, tf.gradients(loss, handles)) if g is not None]
+        with tf1.Session(graph=graph, config=CONFIG) as sess:
+            sess.run("save/restore_all", {"save/Const:0": CHECKPOINT})
+            values = sess.run([g for _, g in pairs], feed_towers(graph, towers, images, labels))
+    return {name: value for (name, _), value in zip(pairs, values)}
+
+
+def test_rewritten_forward_graphdef_builds_gradients_like_one_device(rewritten):
+    data = batch(2)
+    want = _gradients(META1, 1, *data, is_meta=True)
+    got = _gradients(rewritten["forward"], 2, *data, is_meta=False)
+    assert sorted(got) == sorted(want) and len(want) == 8
+    assert max_relative_error(got, want) < 2e-5
+
+
 def test_rewritten_savedmodel_trains_like_one_device(tmp_path, reference):
     out = tmp_path / "sm"
     result = invoke("rewrite", SAVEDMODEL, "--tags", "train", "-o", out)

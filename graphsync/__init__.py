@@ -7,7 +7,8 @@ from graphsync.errors import GraphsyncError, GraphsyncWarning
 from graphsync.exchange import ProcessGroup
 from graphsync.report import LayerReport, RewriteReport, SkippedReport
 from graphsync.rewrite import rewrite_towers
+from graphsync.verify import VerifyReport, verify
 
 __version__ = "0.1.0"
-__all__ = ["rewrite_towers", "ProcessGroup", "GraphsyncError", "GraphsyncWarning", "RewriteReport", "LayerReport",
+__all__ = ["rewrite_towers", "verify", "VerifyReport", "ProcessGroup", "GraphsyncError", "GraphsyncWarning", "RewriteReport", "LayerReport",
            "SkippedReport", "__version__"]

@@ -1,0 +1,151 @@
+"""What `verify` found, for people (`str(report)`) and programs (`report.to_dict()`)."""
+from __future__ import annotations
+
+import dataclasses
+
+from graphsync.verify.trace import LayerTraffic
+
+SHOWN_LAYERS = 8
+CHECKS = (("loss", "sum of the tower losses"), ("gradients", "gradients applied"),
+          ("updates", "moving-statistics updates"))
+
+
+@dataclasses.dataclass
+class Figures:
+    """One graph's response to the exchange: the relative change of each fetched quantity (None
+    when the graph has none), and what its first run's step statistics show."""
+
+    loss: float | None
+    gradients: float | None
+    updates: float | None
+    counts: dict                  # check → number of tensors compared
+    batch_norm_running: list[str]  # per-tower batch-norm ops that executed
+    batch_norm_ops: int            # per-tower batch-norm ops in the graph
+    layers: list[str]              # synchronized layers (graphsync/<layer>/ scopes)
+    traffic: list[LayerTraffic]
+    other_bytes: int               # every other cross-device edge (variables, feeds, gradients)
+
+    def largest(self) -> tuple[str, float]:
+        """(check, change) of the largest change."""
+        found = [(name, getattr(self, name)) for name, _ in CHECKS if getattr(self, name) is not None]
+        return max(found, key=lambda item: item[1])
+
+    def to_dict(self) -> dict:
+        data = dataclasses.asdict(self)
+        data["traffic"] = [dict(dataclasses.asdict(t), forward=t.forward, backward=t.backward, total=t.total)
+                           for t in self.traffic]
+        return data
+
+
+@dataclasses.dataclass
+class VerifyReport:
+    """The verdict on one graph (`rewritten`), and the same figures for the un-rewritten graph
+    (`original`) when it was given."""
+
+    graph: str
+    towers: list[str]
+    inputs: list[dict]
+    loss: list[str]
+    loss_source: str
+    examples: int
+    per_tower: int
+    moved: int
+    seed: int
+    tolerance: float
+    rewritten: Figures
+    original: Figures | None
+    passed: bool
+    reason: str
+    group_size: int | None = None
+    devices: dict = dataclasses.field(default_factory=dict)
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def summary(self) -> str:
+        return ("PASS: " if self.passed else "FAIL: ") + self.reason
+
+    def to_dict(self) -> dict:
+        data = dataclasses.asdict(self)
+        data["rewritten"] = self.rewritten.to_dict()
+        data["original"] = self.original.to_dict() if self.original else None
+        data["summary"] = self.summary
+        return data
+
+    def __str__(self) -> str:
+        return self.format()
+
+    def format(self, verbose: bool = False) -> str:
+        """The report as text; `verbose` lists every layer's traffic (else the largest few)."""
+        lines = [f"{self.graph}: {len(self.towers)} towers ({', '.join(self.towers)}), "
+                 f"{_count(len(self.rewritten.layers), 'synchronized layer')}"]
+        for device, cpu in self.devices.items():
+            lines.append(f"  runs {device} as {cpu}")
+        lines.append(f"inputs: {self.per_tower} random examples per tower (seed {self.seed})")
+        for item in self.inputs:
+            lines.append(f"  {item['name']}  {item['dtype']} {item['shape']}"
+                         + (f", classes 0..{item['classes'] - 1} ({item['classes_from']})" if item["classes"] else "")
+                         + (f", fixed {item['value']}" if item["kind"] == "fixed" else ""))
+        loss = ", ".join(self.loss) if len(self.loss) <= 4 else f"{self.loss[0]} and {len(self.loss) - 1} more"
+        lines.append(f"loss: {loss} ({self.loss_source})" if self.loss else "loss: none found (pass --loss NAME)")
+        within = f" (within groups of {self.group_size})" if self.group_size else ""
+        lines.append(f"moving {self.moved} of {self.examples} examples to other towers{within} changes:")
+        lines.extend(self._table())
+        lines.extend(self._traffic(verbose))
+        lines.extend(f"note: {note}" for note in self.notes)
+        lines.append(self.summary)
+        return "\n".join(lines)
+
+    def _table(self) -> list[str]:
+        figures = [("rewritten" if self.original else "", self.rewritten)]
+        if self.original:
+            figures.append(("original", self.original))
+        rows = []
+        for name, label in CHECKS:
+            count = self.rewritten.counts.get(name, 0)
+            values = [getattr(f, name) for _, f in figures]
+            if all(v is None for v in values):
+                continue
+            rows.append((f"{label} ({count})" if name != "loss" else label,
+                         [_relative(v) for v in values]))
+        rows.append(("per-tower batch-norm ops still running",
+                     [f"{len(f.batch_norm_running)} of {f.batch_norm_ops}" for _, f in figures]))
+        width = max(len(label) for label, _ in rows)
+        lines = []
+        if self.original:
+            lines.append(f"  {'':<{width}}  {'rewritten':>10}  {'original':>10}")
+        for label, cells in rows:
+            lines.append(f"  {label:<{width}}  " + "  ".join(f"{c:>10}" for c in cells))
+        return lines
+
+    def _traffic(self, verbose: bool) -> list[str]:
+        traffic = self.rewritten.traffic
+        if not traffic:
+            return []
+        shown = traffic if verbose or len(traffic) <= SHOWN_LAYERS else \
+            sorted(traffic, key=lambda t: -t.total)[:SHOWN_LAYERS]
+        width = max(len(t.layer) for t in shown)
+        reduced = any(t.forward_reduced or t.backward_reduced for t in traffic)
+        lines = ["bytes across devices per step and synchronized layer, "
+                 + ("all-reduced (every tower's share, summed):" if reduced
+                    else "up to the aggregation device / back:"),
+                 f"  {'layer':<{width}}  {'forward':>13}  {'backward':>13}"]
+        for t in shown:
+            cells = [(t.forward_reduced, t.forward_up, t.forward_down), (t.backward_reduced, t.backward_up, t.backward_down)]
+            lines.append(f"  {t.layer:<{width}}  " + "  ".join(
+                f"{(str(r) if reduced else f'{up}/{down}'):>13}" for r, up, down in cells))
+        if len(shown) < len(traffic):
+            lines.append(f"  … {len(traffic) - len(shown)} more layers (the {len(shown)} largest shown)")
+        total = sum(t.total for t in traffic)
+        lines.append(f"  all {_count(len(traffic), 'layer')}: {total:,} bytes; everything else: "
+                     f"{self.rewritten.other_bytes:,} bytes")
+        return lines
+
+
+def _relative(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return "0" if value == 0 else f"{value:.1e}"
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'s' * (n != 1)}"

@@ -1,0 +1,142 @@
+"""Running a graph the way verify needs: on as many CPU devices as the graph names, every run
+starting from the same variable values, the first run traced.
+
+Graphs placed on GPUs (or on other tasks) are imported into a copy whose devices are CPUs, one per
+device the graph names, so the cross-device structure (and its traffic) stays as it was.
+"""
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import numpy as np
+import tensorflow as tf
+
+from graphsync.errors import GraphsyncError
+from graphsync.verify.discover import Subject
+
+tf1 = tf.compat.v1
+TIMEOUT_MS = 300_000
+
+
+def _is_local_cpu(spec: tf.DeviceSpec) -> bool:
+    return (spec.job in (None, "localhost") and spec.replica in (None, 0) and spec.task in (None, 0)
+            and spec.device_type in (None, "CPU"))
+
+
+def on_cpus(graph: tf.Graph) -> tuple[tf.Graph, dict, int]:
+    """(graph, {device it named: CPU it runs on}, number of CPUs to configure). The graph itself
+    when it names only local CPUs; else a copy with every device mapped to its own CPU."""
+    devices = sorted({op.device for op in graph.get_operations() if op.device})
+    specs = {d: tf.DeviceSpec.from_string(d) for d in devices}
+    if all(_is_local_cpu(s) for s in specs.values()):
+        indices = [s.device_index or 0 for s in specs.values() if s.device_type == "CPU"]
+        return graph, {}, max(indices, default=0) + 1
+    used = {s.device_index or 0 for s in specs.values() if _is_local_cpu(s) and s.device_type}
+    mapping, keys, next_free = {}, {}, 0
+    for device, spec in specs.items():
+        if spec.device_type is None:
+            mapping[device] = ""
+            continue
+        if _is_local_cpu(spec):
+            mapping[device] = f"/device:CPU:{spec.device_index or 0}"
+            continue
+        key = (spec.job, spec.replica, spec.task, spec.device_type, spec.device_index or 0)
+        if key not in keys:
+            while next_free in used:
+                next_free += 1
+            keys[key] = next_free
+            used.add(next_free)
+        mapping[device] = f"/device:CPU:{keys[key]}"
+    graph_def = graph.as_graph_def()
+    for node in graph_def.node:
+        if node.device:
+            node.device = mapping[node.device]
+    copy = tf.Graph()
+    with copy.as_default(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tf1.import_graph_def(graph_def, name="")
+    shown = {d: m for d, m in mapping.items() if m and not _is_local_cpu(specs[d])}
+    return copy, shown, max(used, default=0) + 1
+
+
+def config(cpus: int) -> tf1.ConfigProto:
+    """`cpus` CPU devices; no Grappler, so the step statistics name the graph's own ops."""
+    proto = tf1.ConfigProto(device_count={"CPU": max(cpus, 1)}, allow_soft_placement=True,
+                            inter_op_parallelism_threads=2, intra_op_parallelism_threads=1)
+    proto.graph_options.rewrite_options.disable_meta_optimizer = True
+    return proto
+
+
+@dataclasses.dataclass
+class Fetched:
+    loss: list
+    gradients: list
+    updates: list
+
+
+@dataclasses.dataclass
+class Runs:
+    """The values of both runs (examples as drawn, examples exchanged) and the first run's trace."""
+
+    drawn: Fetched
+    exchanged: Fetched
+    metadata: tf1.RunMetadata
+    initial_values: dict   # variable name → value every run started from
+
+
+def run_twice(subject: Subject, batch, cpus: int, initial_values: dict | None = None) -> Runs:
+    """Initializes the variables (from `initial_values` where given, by variable name), runs the
+    fetches on the drawn batch with tracing, re-initializes and runs them on the exchanged batch."""
+    graph = subject.graph
+    fetches = Fetched(*[[graph.get_tensor_by_name(n) for n in names]
+                        for names in (subject.loss, subject.gradients, subject.updates)])
+    fetch_list = [fetches.loss, fetches.gradients, fetches.updates]
+    init_ops = [graph.get_operation_by_name(v.initializer) for v in subject.variables]
+    init_values = [graph.get_tensor_by_name(v.initial_value) for v in subject.variables]
+    given = initial_values or {}
+    with graph.as_default(), tf1.Session(graph=graph, config=config(cpus)) as sess:
+        missing = [t for v, t in zip(subject.variables, init_values) if v.name not in given]
+        computed = dict(zip([t.name for t in missing], _run(sess, missing, {}, "initializing the variables")))
+        values = {v.name: given[v.name] if v.name in given else computed[t.name]
+                  for v, t in zip(subject.variables, init_values)}
+        init_feed = {t: values[v.name] for v, t in zip(subject.variables, init_values)}
+        metadata = tf1.RunMetadata()
+        options = tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE, output_partition_graphs=True,
+                                 timeout_in_ms=TIMEOUT_MS)
+        results = []
+        for exchanged in (False, True):
+            _run(sess, init_ops, init_feed, "initializing the variables")
+            feed = batch.feed(graph, exchanged)
+            results.append(Fetched(*_run(sess, fetch_list, feed, "running the graph",
+                                         options=None if exchanged else options,
+                                         run_metadata=None if exchanged else metadata)))
+    return Runs(results[0], results[1], metadata, values)
+
+
+def _run(sess, fetches, feed, what, **kw):
+    if isinstance(fetches, list) and not fetches:
+        return []
+    try:
+        return sess.run(fetches, feed, **kw)
+    except tf.errors.DeadlineExceededError:
+        raise GraphsyncError(f"{what} timed out after {TIMEOUT_MS // 1000} s (an input pipeline "
+                             "waiting for data? name the tensors to feed with --input)") from None
+    except tf.errors.OpError as exc:
+        where = f" at {exc.op.name}" if getattr(exc, "op", None) is not None else ""
+        message = " ".join(str(exc.message).split("\n")[0].split())
+        raise GraphsyncError(f"{what} failed{where}: {message}") from None
+
+
+def relative_change(drawn: list, exchanged: list) -> float | None:
+    """‖exchanged − drawn‖ / ‖drawn‖ over all values together (None when there are none; inf for
+    non-finite values)."""
+    if not drawn:
+        return None
+    a = np.concatenate([np.asarray(x, np.float64).ravel() for x in drawn])
+    b = np.concatenate([np.asarray(x, np.float64).ravel() for x in exchanged])
+    if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
+        return float("inf")
+    scale = np.linalg.norm(a)
+    difference = np.linalg.norm(b - a)
+    return float(difference / scale) if scale > 0 else (0.0 if difference == 0 else float("inf"))

@@ -1,0 +1,130 @@
+"""What TensorFlow's own step statistics say about one run: which ops executed, and how many
+bytes crossed devices for each synchronized layer.
+
+Cross-device edges are the `_Send` nodes of the partition graphs (one per tensor and receiving
+device); their sizes come from the step statistics of the ops that produced the tensors.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import tensorflow as tf
+
+
+_GATHERED = re.compile(r"^graphsync/(?P<layer>.+?)/(?P<phase>forward|backward)(?:_\d+)?[^/]*/")
+_ALL_REDUCED = re.compile(r"^(?P<layer>.+?)_sync/(?P<phase>forward|backward)(?:_\d+)?[^/]*/")
+
+
+@dataclasses.dataclass
+class LayerTraffic:
+    """Bytes one synchronized layer moves across devices in one step: sent up to its aggregation
+    device and back down (strategy "gather"), or all-reduced (each tower's contribution, summed)."""
+
+    layer: str
+    forward_up: int = 0
+    forward_down: int = 0
+    backward_up: int = 0
+    backward_down: int = 0
+    forward_reduced: int = 0
+    backward_reduced: int = 0
+
+    @property
+    def forward(self) -> int:
+        return self.forward_up + self.forward_down + self.forward_reduced
+
+    @property
+    def backward(self) -> int:
+        return self.backward_up + self.backward_down + self.backward_reduced
+
+    @property
+    def total(self) -> int:
+        return self.forward + self.backward
+
+    def add(self, phase: str, direction: str, size: int) -> None:
+        name = f"{phase}_{direction}"
+        setattr(self, name, getattr(self, name) + size)
+
+
+def layer_of(name: str, towers) -> tuple[str, str] | None:
+    """(layer, "forward" or "backward") for an op graphsync added to exchange statistics: in its
+    aggregation scope graphsync/<layer>/…, or in a tower's <layer>_sync/forward|backward…/ scope."""
+    found = _GATHERED.match(name)
+    if found:
+        return found.group("layer"), found.group("phase")
+    prefix = max((t.prefix for t in towers if name.startswith(t.prefix)), key=len, default=None)
+    found = _ALL_REDUCED.match(name[len(prefix):]) if prefix is not None else None
+    return (found.group("layer"), found.group("phase")) if found else None
+
+
+def executed(metadata) -> set:
+    """Names of the nodes that ran."""
+    return {node.node_name for dev in metadata.step_stats.dev_stats for node in dev.node_stats}
+
+
+def _output_bytes(metadata) -> dict:
+    """(node, slot) → bytes of that output, from its tensor description."""
+    sizes = {}
+    for dev in metadata.step_stats.dev_stats:
+        for node in dev.node_stats:
+            for output in node.output:
+                description = output.tensor_description
+                try:
+                    itemsize = tf.dtypes.as_dtype(description.dtype).size
+                except (TypeError, ValueError):
+                    continue
+                count = 1
+                for dim in description.shape.dim:
+                    count *= max(dim.size, 0)
+                sizes[(node.node_name, output.slot)] = count * itemsize
+    return sizes
+
+
+def _edges(metadata):
+    """(source node, slot, names of the nodes reading it on the other device) of every tensor sent
+    from one device to another, from the partition graphs' _Send/_Recv pairs."""
+    receivers = {}
+    for partition in metadata.partition_graphs:
+        readers = {}
+        for node in partition.node:
+            for source in node.input:
+                readers.setdefault(source.lstrip("^").partition(":")[0], []).append(node.name)
+        for node in partition.node:
+            if node.op in ("_Recv", "_HostRecv"):
+                receivers[node.attr["tensor_name"].s] = readers.get(node.name, [])
+    for partition in metadata.partition_graphs:
+        for node in partition.node:
+            if node.op not in ("_Send", "_HostSend") or not node.input or node.input[0].startswith("^"):
+                continue
+            if node.attr["send_device"].s == node.attr["recv_device"].s:
+                continue
+            name, _, slot = node.input[0].partition(":")
+            yield name, int(slot or 0), receivers.get(node.attr["tensor_name"].s, [])
+
+
+def traffic(metadata, layers: list[str], towers) -> tuple[list[LayerTraffic], int]:
+    """Per synchronized layer, the bytes it exchanges each step; and the bytes of every other
+    cross-device edge (variables, feeds, gradients, layer outputs)."""
+    sizes = _output_bytes(metadata)
+    per_layer = {layer: LayerTraffic(layer) for layer in layers}
+    other = 0
+    for name, slot, readers in _edges(metadata):
+        size = sizes.get((name, slot), 0)
+        source = layer_of(name, towers) if name.startswith("graphsync/") else None
+        target = next((found for found in (layer_of(r, towers) for r in readers if r.startswith("graphsync/"))
+                       if found), None)
+        if source and source[0] in per_layer:
+            per_layer[source[0]].add(source[1], "down", size)
+        elif target and target[0] in per_layer:
+            per_layer[target[0]].add(target[1], "up", size)
+        else:
+            other += size
+    for dev in metadata.step_stats.dev_stats:
+        for node in dev.node_stats:
+            if not node.timeline_label.partition(" = ")[2].startswith("CollectiveReduce"):
+                continue
+            found = layer_of(node.node_name, towers)
+            if found and found[0] in per_layer:
+                size = sum(sizes.get((node.node_name, o.slot), 0) for o in node.output)
+                per_layer[found[0]].add(found[1], "reduced", size)
+    return list(per_layer.values()), other

@@ -17,9 +17,10 @@ Sessions use ConfigProto(device_count={'CPU': 4}, inter_op=2, intra_op=1); the e
 peer uses the same thread counts. Inputs are per-device constants (no feeding). Each round runs
 --steps steps of every variant (rotating order); ratios are taken within a round, then the median.
 
-Peak memory: the TensorFlow CPU allocator's peak during --steps steps minus its bytes in use just before
+Peak memory: the TensorFlow CPU allocator's peak during 2 steps minus its bytes in use just before
 (tf.config.experimental.get_memory_info('CPU:0'); all logical CPU devices share that allocator), i.e.
-the transient memory of a step: activations, gradients, buffers; variables are excluded.
+the transient memory of a step: activations, gradients, buffers; variables are excluded. The largest
+of 3 such measurements per variant (alternating) is reported.
 
     python benchmarks/step_overhead.py                      # the recorded run
     python benchmarks/step_overhead.py --rounds 3 --steps 2 # a quick look
@@ -142,27 +143,45 @@ def memory_delta(variant, steps):
     return tf.config.experimental.get_memory_info("CPU:0")["peak"] - before
 
 
-def run_model(arch, batch, rounds, steps, warmup, log):
+def _count_bn(arch):
+    """Batch norms per tower of an architecture (counted by building it once with a stub builder)."""
+    class Count:
+        n = 0
+
+        def bn(self, x, name):
+            Count.n += 1
+            return x
+
+        def __getattr__(self, _):
+            return lambda *a, **k: a[0]
+    models.ARCHITECTURES[arch][0](Count(), None)
+    return Count.n
+
+
+def run_model(arch, batch, rounds, steps, warmup, log, only):
     batches = models.data(arch, TOWERS, batch)
     variants = {}
-    for name in GRAPH_VARIANTS:
+    for name in [v for v in GRAPH_VARIANTS if v in only]:
         t0 = _common.now()
         variants[name] = GraphVariant(arch, name, batches)
         log(f"  {arch}/{name}: built in {_common.now() - t0:.1f} s, {variants[name].built['ops']} ops")
-    for name in PEER_VARIANTS:
+    for name in [v for v in PEER_VARIANTS if v in only]:
         variants[name] = PeerVariant(arch, name, batches)
-    n_layers = len(variants["unsynced"].built["bn_layers"])
+    n_layers = _count_bn(arch)
     for name in ("graphsync", "graphsync-moments"):
-        rewritten = variants[name].built["report"]
-        assert len(rewritten.layers) == n_layers, rewritten.summary
-    assert variants["keras-sync"].sync_layers == n_layers
+        if name in variants:
+            rewritten = variants[name].built["report"]
+            assert len(rewritten.layers) == n_layers, rewritten.summary
+    if "keras-sync" in variants:
+        assert variants["keras-sync"].sync_layers == n_layers
 
     # The synchronized graphs compute the same thing at step 0: graphsync == by hand.
-    agree = {name: float(np.max(np.abs(np.subtract(variants[name].initial_losses,
-                                                   variants["graphsync"].initial_losses))))
-             for name in ("byhand", "byhand-summed", "graphsync-moments")}
-    differs = float(np.max(np.abs(np.subtract(variants["unsynced"].initial_losses,
-                                              variants["graphsync"].initial_losses))))
+    def loss_gap(a, b):
+        if a not in variants or b not in variants:
+            return float("nan")
+        return float(np.max(np.abs(np.subtract(variants[a].initial_losses, variants[b].initial_losses))))
+    agree = {name: loss_gap(name, "graphsync") for name in ("byhand", "byhand-summed", "graphsync-moments")}
+    differs = loss_gap("unsynced", "graphsync")
 
     names = list(variants)
     for name in names:
@@ -178,7 +197,7 @@ def run_model(arch, batch, rounds, steps, warmup, log):
                 variants[name].step()
             times[name].append((_common.now() - t0) / steps)
         log(f"  {arch} round {r + 1}/{rounds}: " + ", ".join(f"{n} {1e3 * times[n][-1]:.0f}" for n in names))
-    for _ in range(2):
+    for _ in range(3):
         for name in names:
             memory[name].append(memory_delta(variants[name], 2))
     for v in variants.values():
@@ -192,6 +211,8 @@ def run_model(arch, batch, rounds, steps, warmup, log):
                          ops=variants[name].built["ops"] if name in GRAPH_VARIANTS else ""))
     ratios = []
     for num, den, what in RATIOS:
+        if num not in times or den not in times:
+            continue
         per_round = [a / b for a, b in zip(times[num], times[den])]
         ratios.append(dict(ratio=what, time=_common.median(per_round), lo=min(per_round), hi=max(per_round),
                            memory=max(memory[num]) / max(memory[den])))
@@ -203,9 +224,11 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=["resnet", "segnet"])
     parser.add_argument("--batch", type=int, default=8, help="examples per tower")
-    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--rounds", type=int, default=11)
     parser.add_argument("--steps", type=int, default=3, help="steps per variant per round")
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--variants", nargs="+", default=list(GRAPH_VARIANTS) + list(PEER_VARIANTS),
+                        help="a subset of the variants (default: all)")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
 
@@ -215,7 +238,7 @@ def main(argv=None):
     print(_common.header("Step overhead, 4 logical CPU devices", argv))
     results = []
     for arch in args.models:
-        res = run_model(arch, args.batch, args.rounds, args.steps, args.warmup, log)
+        res = run_model(arch, args.batch, args.rounds, args.steps, args.warmup, log, set(args.variants))
         results.append(res)
         print(f"\n**{arch}** ({res['layers']} batch norms per tower, {TOWERS} towers × {args.batch} examples of "
               f"32×32×3; median of {args.rounds} rounds × {args.steps} steps)\n")

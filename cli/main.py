@@ -18,6 +18,8 @@ import warnings
 
 import click
 
+from cli.verify import verify
+
 EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
 PROGRESS_DELAY = 0.5  # seconds before a progress bar appears
 
@@ -464,6 +466,8 @@ def _format_inspection(info: dict, verbose: bool) -> str:
     lines.append(info["summary"])
     return "\n".join(lines)
 
+
+main.add_command(verify)
 
 if __name__ == "__main__":
     main()

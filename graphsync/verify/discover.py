@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
+import numpy as np
 import tensorflow as tf
 
 from graphsync import match
@@ -330,7 +331,11 @@ def _inputs(graph, towers, by_user, placeholders, fixed, num_classes) -> list[In
             inputs.append(_fixed_input(tensor))
     for name, value in fixed.items():
         tensor = graph.get_tensor_by_name(name)
-        inputs.append(Input("fixed", [name], tensor.dtype, tuple(getattr(value, "shape", ())), None, value=value))
+        try:
+            array = np.asarray(value, tensor.dtype.base_dtype.as_numpy_dtype)
+        except (TypeError, ValueError):
+            raise GraphsyncError(f"cannot feed {value!r} to {name} ({tensor.dtype.base_dtype.name})") from None
+        inputs.append(Input("fixed", [name], tensor.dtype.base_dtype, array.shape, None, value=array))
     return inputs
 
 
@@ -372,7 +377,6 @@ def _fixed_input(tensor: tf.Tensor) -> Input:
         value = 1
     else:
         raise GraphsyncError(f"cannot tell what to feed {tensor.name} ({dtype.name}): pass --feed NAME=VALUE")
-    import numpy as np
     array = np.full(tensor.shape.as_list(), value, dtype.as_numpy_dtype)
     return Input("fixed", [tensor.name], dtype, tuple(array.shape), None, value=array)
 

@@ -303,7 +303,7 @@ def _serialize(message, text: bool, path: str) -> bytes:
         if text:
             return text_format.MessageToString(message).encode("utf-8")
         return message.SerializeToString(deterministic=True)
-    except (ValueError, Exception) as exc:  # noqa: BLE001 - protobuf's EncodeError, >2 GB messages
+    except Exception as exc:  # noqa: BLE001 - protobuf EncodeError, messages over 2 GB
         raise GraphFileError(f"cannot write {path}: {detect.one_line(exc)}") from None
 
 

@@ -5,6 +5,10 @@ Methods, all over the same 4 towers' activations on 4 logical CPU devices:
 
   graphsync        a 4-tower graph of FusedBatchNormV3 ops (training) rewritten by
                    graphsync.rewrite_towers(); the mean and (Bessel-corrected) variance its consumers see
+  graphsync        the same with rewrite_towers(strategy="allreduce") (CollectiveReduceV2 of float64
+  allreduce        [n, n·m, M2 + n·m²]), when the graphsync under test has that option
+  graphsync,       4 towers of tf.nn.moments + tf.nn.batch_normalization, rewritten (biased variance)
+  moments model
   E[x²]−E[x]²      per-device float32 sums of x and x² and counts, summed across devices, then
                    Q/N − (S/N)² clamped at 0: the combination of Keras synchronized=True, Horovod, tensorpack
   Keras peer       tf_keras BatchNormalization(synchronized=True, momentum=0) under MirroredStrategy on the
@@ -25,6 +29,7 @@ Errors: variance |v̂ − v| / v and mean |μ̂ − μ| / σ, maximum over chann
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
 import sys
 
@@ -46,13 +51,14 @@ import graphsync  # noqa: E402
 with _common.quiet_stderr():
     import tf_keras  # noqa: E402
 
-METHODS = ["graphsync", "E[x²]−E[x]²", "Keras peer", "fused, 1 device", "moments, 1 device", "shifted sums",
+METHODS = ["graphsync", "graphsync allreduce", "graphsync, moments model", "E[x²]−E[x]²", "Keras peer", "fused, 1 device", "moments, 1 device", "shifted sums",
            "Chan, refined tower means"]
-BESSEL = {"graphsync": True, "fused, 1 device": True}
+BESSEL = {"graphsync": True, "graphsync allreduce": True, "fused, 1 device": True}
 
 
-def graphsync_graph(shape):
-    """Four towers of fused batch norm, rewritten; returns (graph, placeholders, mean, variance)."""
+def graphsync_graph(shape, kind="fused", **options):
+    """Four towers of fused (or tf.nn.moments) batch norm, rewritten; returns (graph, placeholders,
+    mean, variance) as tower 1's consumers see them."""
     graph = tf.Graph()
     with graph.as_default():
         xs, means, variances = [], [], []
@@ -60,13 +66,17 @@ def graphsync_graph(shape):
             with tf.device(f"/cpu:{i}"), tf.name_scope(f"tower_{i}/"):
                 x = tf1.placeholder(tf.float32, shape, name="x")
                 c = shape[-1]
-                y, mean, var = tf1.nn.fused_batch_norm(x, tf.ones([c]), tf.zeros([c]), epsilon=1e-3,
-                                                       is_training=True)[:3]
+                if kind == "fused":
+                    y, mean, var = tf1.nn.fused_batch_norm(x, tf.ones([c]), tf.zeros([c]), epsilon=1e-3,
+                                                           is_training=True)[:3]
+                else:
+                    mean, var = tf.nn.moments(x, [0, 1, 2])
+                    y = tf.nn.batch_normalization(x, mean, var, None, None, 1e-3)
                 xs.append(x)
                 means.append(tf.identity(mean, name="mean_seen"))
                 variances.append(tf.identity(var, name="variance_seen"))
                 tf.identity(y, name="y_seen")
-        report = graphsync.rewrite_towers(graph)
+        report = graphsync.rewrite_towers(graph, **options)
         assert len(report.layers) == 1, report
     return graph, xs, means[1], variances[1]
 
@@ -149,7 +159,7 @@ def errors(mean, var, parts, bessel):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--offsets", nargs="+", type=float, default=[0, 1e2, 1e3, 1e4])
-    parser.add_argument("--seeds", type=int, default=15)
+    parser.add_argument("--seeds", type=int, default=31)
     parser.add_argument("--shape", nargs=4, type=int, default=[8, 16, 16, 16],
                         help="per-tower activation shape N H W C")
     parser.add_argument("--json")
@@ -158,6 +168,15 @@ def main(argv=None):
     print(_common.header("Accuracy of the statistics, float32 vs float64", argv))
 
     g_graph, g_xs, g_mean, g_var = graphsync_graph((None,) + shape[1:])
+    m_graph, m_xs, m_mean, m_var = graphsync_graph((None,) + shape[1:], kind="moments")
+    m_sess = tf1.Session(graph=m_graph, config=CONFIG)
+    methods = list(METHODS)
+    if "strategy" in inspect.signature(graphsync.rewrite_towers).parameters:
+        a_graph, a_xs, a_mean, a_var = graphsync_graph((None,) + shape[1:], strategy="allreduce")
+        a_sess = tf1.Session(graph=a_graph, config=CONFIG)
+    else:
+        methods.remove("graphsync allreduce")
+        a_sess = None
     p_graph, p_xs, p_out = plain_graph((None,) + shape[1:])
     peer = keras_peer(shape)
     g_sess = tf1.Session(graph=g_graph, config=CONFIG)
@@ -168,10 +187,13 @@ def main(argv=None):
         for seed in range(args.seeds):
             rng = np.random.RandomState(seed)
             parts = [(offset + rng.randn(*shape)).astype(np.float32) for _ in range(TOWERS)]
-            got = {"graphsync": g_sess.run([g_mean, g_var], dict(zip(g_xs, parts)))}
+            got = {"graphsync": g_sess.run([g_mean, g_var], dict(zip(g_xs, parts))),
+                   "graphsync, moments model": m_sess.run([m_mean, m_var], dict(zip(m_xs, parts)))}
             got.update(p_sess.run(p_out, dict(zip(p_xs, parts))))
             got["Keras peer"] = peer(parts)
-            for method in METHODS:
+            if a_sess is not None:
+                got["graphsync allreduce"] = a_sess.run([a_mean, a_var], dict(zip(a_xs, parts)))
+            for method in methods:
                 mean, var = got[method]
                 results.setdefault((method, offset), []).append(
                     errors(mean, var, parts, BESSEL.get(method, False)))
@@ -181,7 +203,7 @@ def main(argv=None):
 
     n_total = TOWERS * int(np.prod(shape[:3]))
     for k, what in ((0, "variance, relative error |v̂ − v| / v"), (1, "mean, error |μ̂ − μ| / σ")):
-        rows = [dict(method=m, **{f"o{o:g}": med(m, o, k) for o in args.offsets}) for m in METHODS]
+        rows = [dict(method=m, **{f"o{o:g}": med(m, o, k) for o in args.offsets}) for m in methods]
         print(f"\n**{what}** ({TOWERS} towers × {shape} float32, N = {n_total} per channel; max over "
               f"{shape[-1]} channels, median of {args.seeds} seeds)\n")
         print(_common.table(rows, [("method", "method \\ |mean|/std")] +

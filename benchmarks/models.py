@@ -147,10 +147,11 @@ class TowerBuilder:
 
 
 def build_towers(arch: str, towers: int, bn: str, batches, gradients: str = "per-tower",
-                 rewrite: bool = False, learning_rate: float = 0.01, dynamic_batch: bool = False):
+                 rewrite=False, learning_rate: float = 0.01, dynamic_batch: bool = False):
     """A multi-tower training graph (CIFAR10 pattern), the data as per-tower constants, or with
     dynamic_batch fed to placeholders of unknown batch size (returned as 'feed'), as in most input
     pipelines: then the per-tower element counts are only known at run time.
+    rewrite: False, True, or a dict of keyword arguments for graphsync.rewrite_towers.
 
     gradients: 'per-tower' (compute_gradients in each tower's scope, as the CIFAR10 example) or
                'summed' (one tf.gradients of the mean tower loss, colocated with the forward ops).
@@ -194,7 +195,7 @@ def build_towers(arch: str, towers: int, bn: str, batches, gradients: str = "per
         report = None
         if rewrite:
             import graphsync
-            report = graphsync.rewrite_towers(graph)
+            report = graphsync.rewrite_towers(graph, **(rewrite if isinstance(rewrite, dict) else {}))
     return dict(graph=graph, train_op=train_op, losses=losses, init=init, report=report, feed=feed,
                 bn_layers=builder.bn_layers[:len(builder.bn_layers)], ops=len(graph.get_operations()))
 

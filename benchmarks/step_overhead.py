@@ -3,7 +3,9 @@ on 4 logical CPU devices of one process, for a small ResNet-style and a U-Net-st
 (benchmarks/models.py), all variants alive in one process and timed in alternating rounds:
 
   unsynced        the multi-tower graph with fused batch norm (CIFAR10 pattern, per-tower gradients)
-  graphsync       the same graph after graphsync.rewrite_towers()
+  graphsync       the same graph after graphsync.rewrite_towers()  (statistics gathered on /cpu:0)
+  graphsync-allreduce  … rewrite_towers(strategy="allreduce")  (CollectiveReduceV2, no central device;
+                  left out when the graphsync under test has no such option)
   moments         unsynchronized, tf.nn.moments + tf.nn.batch_normalization per tower (unfused)
   graphsync-moments  that graph after graphsync.rewrite_towers()
   byhand          the seed's approach: all towers' activations concatenated on /cpu:0 for tf.nn.moments,
@@ -28,6 +30,7 @@ of 3 such measurements per variant (alternating) is reported.
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
 import sys
 
@@ -48,11 +51,13 @@ import numpy as np  # noqa: E402
 
 with _common.quiet_stderr():
     import tf_keras  # noqa: E402
+import graphsync  # noqa: E402
 import models  # noqa: E402
 
 GRAPH_VARIANTS = {  # name: (batch norm, gradients, rewrite)
     "unsynced": ("fused", "per-tower", False),
     "graphsync": ("fused", "per-tower", True),
+    "graphsync-allreduce": ("fused", "per-tower", {"strategy": "allreduce"}),
     "moments": ("moments", "per-tower", False),
     "graphsync-moments": ("moments", "per-tower", True),
     "byhand": ("byhand", "per-tower", False),
@@ -61,6 +66,7 @@ GRAPH_VARIANTS = {  # name: (batch norm, gradients, rewrite)
 PEER_VARIANTS = {"keras": False, "keras-sync": True}
 RATIOS = [  # (numerator, denominator, what it says)
     ("graphsync", "unsynced", "graphsync ÷ unsynced (target ≤ 1.10)"),
+    ("graphsync-allreduce", "unsynced", "graphsync, strategy='allreduce' ÷ unsynced"),
     ("graphsync-moments", "moments", "graphsync on the tf.nn.moments model ÷ its unsynced"),
     ("byhand", "unsynced", "by-hand ÷ unsynced (fused)"),
     ("byhand", "moments", "by-hand ÷ unsynced moments (same unfused ops)"),
@@ -161,6 +167,8 @@ def _count_bn(arch):
 def run_model(arch, batch, rounds, steps, warmup, log, only):
     batches = models.data(arch, TOWERS, batch)
     variants = {}
+    if "strategy" not in inspect.signature(graphsync.rewrite_towers).parameters:
+        only = only - {"graphsync-allreduce"}
     for name in [v for v in GRAPH_VARIANTS if v in only]:
         t0 = _common.now()
         variants[name] = GraphVariant(arch, name, batches)
@@ -168,7 +176,7 @@ def run_model(arch, batch, rounds, steps, warmup, log, only):
     for name in [v for v in PEER_VARIANTS if v in only]:
         variants[name] = PeerVariant(arch, name, batches)
     n_layers = _count_bn(arch)
-    for name in ("graphsync", "graphsync-moments"):
+    for name in ("graphsync", "graphsync-allreduce", "graphsync-moments"):
         if name in variants:
             rewritten = variants[name].built["report"]
             assert len(rewritten.layers) == n_layers, rewritten.summary
@@ -180,7 +188,8 @@ def run_model(arch, batch, rounds, steps, warmup, log, only):
         if a not in variants or b not in variants:
             return float("nan")
         return float(np.max(np.abs(np.subtract(variants[a].initial_losses, variants[b].initial_losses))))
-    agree = {name: loss_gap(name, "graphsync") for name in ("byhand", "byhand-summed", "graphsync-moments")}
+    agree = {name: loss_gap(name, "graphsync")
+             for name in ("byhand", "byhand-summed", "graphsync-moments", "graphsync-allreduce")}
     differs = loss_gap("unsynced", "graphsync")
 
     names = list(variants)
@@ -251,7 +260,8 @@ def main(argv=None):
         print(f"\nSanity: initial tower losses, graphsync vs by-hand max |Δ| "
               f"{res['loss_agreement']['byhand']:.1e} (summed-gradient variant "
               f"{res['loss_agreement']['byhand-summed']:.1e}, graphsync on the moments model "
-              f"{res['loss_agreement']['graphsync-moments']:.1e}); unsynced vs graphsync "
+              f"{res['loss_agreement']['graphsync-moments']:.1e}, allreduce "
+              f"{res['loss_agreement']['graphsync-allreduce']:.1e}); unsynced vs graphsync "
               f"{res['unsynced_vs_synced_loss']:.1e} (they must differ).")
     _common.write_json(args.json, results)
 

@@ -11,6 +11,10 @@ apart from data tensors. The batch
 norm's own traffic is the difference to the unsynchronized graph of the same structure:
 graphsync − unsynced (fused), by-hand − moments (unfused, per tower).
 
+strategy="allreduce" (when the graphsync under test has it) exchanges through CollectiveReduceV2, which
+sends no _Send/_Recv: its payload (the collective's input, per tower) is read from the step stats; a
+ring all-reduce over T devices moves 2(T−1)/T of the payload per device.
+
 Expected for graphsync, per layer and remote tower (tower 0 shares /cpu:0 with the aggregation):
 forward up n, m, M2 (2C+1 values), down μ, σ² (2C, +N); backward up Σg, Σg·x̂ (2C), down their sums (2C).
 
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import inspect
 import os
 import re
 import sys
@@ -31,6 +36,7 @@ tf = _common.import_tf()
 tf1 = tf.compat.v1
 import numpy as np  # noqa: E402
 
+import graphsync  # noqa: E402
 import models  # noqa: E402
 
 TOWERS = 4
@@ -39,13 +45,14 @@ CONFIG = tf1.ConfigProto(device_count={"CPU": TOWERS}, inter_op_parallelism_thre
 VARIANTS = {  # name: (batch norm, gradients, rewrite, dynamic batch size)
     "unsynced": ("fused", "per-tower", False, False),
     "graphsync": ("fused", "per-tower", True, False),
+    "graphsync-allreduce": ("fused", "per-tower", {"strategy": "allreduce"}, False),
     "unsynced, dynamic batch": ("fused", "per-tower", False, True),
     "graphsync, dynamic batch": ("fused", "per-tower", True, True),
     "moments": ("moments", "per-tower", False, False),
     "graphsync-moments": ("moments", "per-tower", True, False),
     "byhand": ("byhand", "per-tower", False, False),
     "byhand-summed": ("byhand", "summed", False, False)}
-BASELINE = {"graphsync": "unsynced", "graphsync, dynamic batch": "unsynced, dynamic batch",
+BASELINE = {"graphsync": "unsynced", "graphsync-allreduce": "unsynced", "graphsync, dynamic batch": "unsynced, dynamic batch",
             "graphsync-moments": "moments", "byhand": "moments", "byhand-summed": "moments"}
 
 
@@ -63,6 +70,13 @@ def transfers(built):
     out = []
     for partition in meta.partition_graphs:
         for node in partition.node:
+            if node.op.startswith("Collective"):
+                stats = produced.get((node.device, node.name))
+                desc = stats.output[0].tensor_description
+                shape = [d.size for d in desc.shape.dim]
+                nbytes = int(np.prod(shape, dtype=np.int64)) * tf.as_dtype(desc.dtype).size
+                out.append(dict(src=node.name, dtype=tf.as_dtype(desc.dtype).name, shape=shape, bytes=0,
+                                collective=nbytes, send=_device(node.device.encode()), recv="all"))
             if node.op != "_Send":
                 continue
             src, _, slot = node.input[0].partition(":")
@@ -72,7 +86,7 @@ def transfers(built):
             desc = stats.output[int(slot or 0)].tensor_description
             shape = [d.size for d in desc.shape.dim]
             nbytes = int(np.prod(shape, dtype=np.int64)) * tf.as_dtype(desc.dtype).size
-            out.append(dict(src=src, dtype=tf.as_dtype(desc.dtype).name, shape=shape, bytes=nbytes,
+            out.append(dict(src=src, dtype=tf.as_dtype(desc.dtype).name, shape=shape, bytes=nbytes, collective=0,
                             send=_device(node.attr["send_device"].s), recv=_device(node.attr["recv_device"].s)))
     return out
 
@@ -114,7 +128,10 @@ def graphsync_breakdown(sent, layers):
 def run(arch, batch):
     batches = models.data(arch, TOWERS, batch)
     sent, built = {}, {}
-    for name, (bn, gradients, rewrite, dynamic) in VARIANTS.items():
+    variants = dict(VARIANTS)
+    if "strategy" not in inspect.signature(graphsync.rewrite_towers).parameters:
+        del variants["graphsync-allreduce"]
+    for name, (bn, gradients, rewrite, dynamic) in variants.items():
         built[name] = models.build_towers(arch, TOWERS, bn, batches, gradients=gradients, rewrite=rewrite,
                                           dynamic_batch=dynamic)
         sent[name] = transfers(built[name])
@@ -125,10 +142,16 @@ def run(arch, batch):
     # counts also n up and N down (graphsync sends them as float64 scalars: 16 B per layer)
     minimum = {False: remote * 8 * channels * 4, True: remote * (8 * channels * 4 + 16 * len(layers))}
     rows = []
-    for name in VARIANTS:
+    for name in variants:
         total = sum(t["bytes"] for t in sent[name])
         data = sum(1 for t in sent[name] if t["bytes"])
-        row = dict(variant=name, tensors=data, control=len(sent[name]) - data, bytes=total)
+        collectives = [t for t in sent[name] if t["collective"]]
+        row = dict(variant=name, tensors=data, control=len(sent[name]) - data - len(collectives), bytes=total)
+        if collectives:
+            payload = sum(t["collective"] for t in collectives)
+            per = payload / len(layers) / TOWERS
+            row["collective"] = (f"{len(collectives)} ops, {payload} B in: {per:.0f} B per layer & tower "
+                                 f"(ring: ≈{per * 2 * (TOWERS - 1) / TOWERS:.0f} B sent per device)")
         base = BASELINE.get(name)
         if base:
             extra = total - sum(t["bytes"] for t in sent[base])
@@ -136,7 +159,9 @@ def run(arch, batch):
             row.update(baseline=base, extra=extra, per_layer=extra / len(layers),
                        per_layer_tower=extra / len(layers) / remote,
                        tensors_per_layer_tower=extra_tensors / len(layers) / remote,
-                       vs_minimum=extra / minimum[VARIANTS[name][3]])
+                       vs_minimum=extra / minimum[VARIANTS[name][3]] if not collectives else "")
+            if collectives:
+                row.update(extra="(collectives)", per_layer="", per_layer_tower="", tensors_per_layer_tower="")
         rows.append(row)
     return dict(arch=arch, batch=batch, layers=layers, rows=rows,
                 breakdown=graphsync_breakdown(sent["graphsync, dynamic batch"], layers),
@@ -177,7 +202,8 @@ def main(argv=None):
                                           ("extra", "batch-norm bytes/step"), ("per_layer", "per layer"),
                                           ("per_layer_tower", "per layer & remote tower"),
                                           ("tensors_per_layer_tower", "tensors per layer & remote tower"),
-                                          ("vs_minimum", "÷ minimum")]))
+                                          ("vs_minimum", "÷ minimum"),
+                                          ("collective", "CollectiveReduceV2 payload")]))
         print("\ngraphsync (dynamic batch), per layer and remote tower (t = tensors, B = bytes; from graphsync's "
               "own ops, by name):\n")
         print(_common.table(res["breakdown"], [("layer", "layer"), ("C", "C"), ("fwd up", "forward up"),

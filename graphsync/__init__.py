@@ -2,13 +2,33 @@
 
     import graphsync
     report = graphsync.rewrite_towers()   # after building the towers (and, ideally, their gradients)
+
+Importing graphsync registers the gradients its rewritten graphs use. When TensorFlow is not
+imported yet (e.g. `python -m graphsync`), the library loads on first use instead, so the command
+line can keep TensorFlow's start-up lines off the terminal.
 """
-from graphsync.errors import GraphsyncError, GraphsyncWarning
-from graphsync.exchange import ProcessGroup
-from graphsync.report import LayerReport, RewriteReport, SkippedReport
-from graphsync.rewrite import rewrite_towers
-from graphsync.verify import VerifyReport, verify
+import importlib
+import sys
 
 __version__ = "0.1.0"
-__all__ = ["rewrite_towers", "verify", "VerifyReport", "ProcessGroup", "GraphsyncError", "GraphsyncWarning", "RewriteReport", "LayerReport",
-           "SkippedReport", "__version__"]
+
+_EXPORTS = {
+    "rewrite_towers": "graphsync.rewrite",
+    "ProcessGroup": "graphsync.exchange",
+    "GraphsyncError": "graphsync.errors",
+    "GraphsyncWarning": "graphsync.errors",
+    "RewriteReport": "graphsync.report",
+    "LayerReport": "graphsync.report",
+    "SkippedReport": "graphsync.report",
+}
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'graphsync' has no attribute {name!r}")
+
+
+if "tensorflow" in sys.modules:   # a training script: register graphsync's gradients now
+    from graphsync.rewrite import rewrite_towers  # noqa: E402,F401

@@ -50,12 +50,13 @@ class ProcessGroup:
 
 @dataclasses.dataclass
 class Synchronized:
-    """One tower's view of the global statistics of its sync group (on the tower's device)."""
+    """One tower's view of the global statistics of its sync group, shaped like its uploads."""
 
     count: tf.Tensor      # n_t, float64
     total: tf.Tensor      # N, float64
-    mean: tf.Tensor       # μ, keep-dims shape
-    variance: tf.Tensor   # σ² (biased), keep-dims shape
+    mean: tf.Tensor       # μ
+    variance: tf.Tensor   # σ² (biased)
+    bessel: tf.Tensor     # σ²·N/(N−1), what a fused op reports as its batch variance
 
 
 # ---------------------------------------------------------------------------------------- gather
@@ -97,7 +98,7 @@ class Gather:
         suffix = f"_group{g}" if len(self.groups) > 1 else ""
         return f"{AGGREGATION_SCOPE}/{layer.name}/{part}{suffix}"
 
-    def moments(self, graph, layer, sites, uploads) -> list[Synchronized]:
+    def moments(self, graph, layer, sites, uploads, spread="m2") -> list[Synchronized]:
         out = [None] * len(sites)
         if not layer.has_gradients:  # count later tf.gradients calls, to warn about per-tower ones
             marked = []
@@ -108,16 +109,21 @@ class Gather:
             uploads = marked
         for g, members in enumerate(self.groups):
             with pristine_scope(graph, self.device, self._scope(layer, "forward", g)):
-                total, mean, variance = stats.merge_moments(*zip(*[uploads[i] for i in members]))
-            for i in members:
-                out[i] = Synchronized(uploads[i][0], total, mean, variance)
+                counts, total, mean, variance, bessel = stats.merge_moments(
+                    *zip(*[uploads[i] for i in members]), spread=spread)
+            for i, count in zip(members, counts):
+                out[i] = Synchronized(count, total, mean, variance, bessel)
         return out
 
-    def sums(self, graph, layer, sites, values, tag) -> list[list]:
+    def sums(self, graph, layer, sites, values, tag, finish=None, statistics=None) -> list[list]:
+        """Cross-tower sums of each tower's values, passed through `finish(sums, statistics)` on
+        the aggregation device (once per group) when given."""
         out = [None] * len(sites)
         for g, members in enumerate(self.groups):
             with pristine_scope(graph, self.device, self._scope(layer, tag, g)):
                 totals = [tf.add_n([values[i][j] for i in members]) for j in range(len(values[members[0]]))]
+                if finish is not None:
+                    totals = finish(totals, statistics[members[0]])
             for i in members:
                 out[i] = totals
         return out
@@ -213,17 +219,21 @@ class AllReduce:
                     out[i] = tf.identity(reduced[i], name="all_reduced")
         return out
 
-    def moments(self, graph, layer, sites, uploads) -> list[Synchronized]:
-        packed = []
-        for site, (n, mean, m2) in zip(sites, uploads):
+    def moments(self, graph, layer, sites, uploads, spread="m2") -> list[Synchronized]:
+        packed, counts = [], []
+        for site, (size, mean, m2) in zip(sites, uploads):
             with pristine_scope(graph, site.device, site.op.name + "_sync/pack"):
+                n = tf.cast(size, tf.float64) / tf.cast(tf.size(mean), tf.float64)
                 mean64, m2_64 = tf.cast(mean, tf.float64), tf.cast(m2, tf.float64)
+                if spread == "bessel":
+                    m2_64 = m2_64 * tf.maximum(n - 1.0, 1.0)
                 weighted = n * mean64
                 packed.append(tf.concat([tf.reshape(n, [1]), tf.reshape(weighted, [-1]),
                                          tf.reshape(m2_64 + weighted * mean64, [-1])], 0))
+                counts.append(n)
         reduced = self._reduce(graph, sites, packed, "forward")
         out = []
-        for site, (n, mean, _), vector in zip(sites, uploads, reduced):
+        for site, (_, mean, _), vector, n in zip(sites, uploads, reduced, counts):
             with pristine_scope(graph, site.device, site.op.name + "_sync/unpack"):
                 total = vector[0]
                 channels = (tf.size(vector) - 1) // 2
@@ -231,11 +241,15 @@ class AllReduce:
                 global_mean = tf.math.divide_no_nan(tf.reshape(vector[1:1 + channels], shape), total)
                 second = tf.math.divide_no_nan(tf.reshape(vector[1 + channels:], shape), total)
                 variance = tf.maximum(second - tf.square(global_mean), 0.0)
+                bessel = variance * total / tf.maximum(total - 1.0, 1.0)
                 out.append(Synchronized(n, total, tf.cast(global_mean, mean.dtype, name="mean"),
-                                        tf.cast(variance, mean.dtype, name="variance")))
+                                        tf.cast(variance, mean.dtype, name="variance"),
+                                        tf.cast(bessel, mean.dtype, name="bessel_variance")))
         return out
 
-    def sums(self, graph, layer, sites, values, tag) -> list[list]:
+    def sums(self, graph, layer, sites, values, tag, finish=None, statistics=None) -> list[list]:
+        """Cross-tower sums of each tower's values, passed through `finish(sums, statistics)` on
+        each tower's device when given."""
         packed, shapes = [], []
         for site, vals in zip(sites, values):
             with pristine_scope(graph, site.device, f"{site.op.name}_sync/pack_{tag}"):
@@ -247,7 +261,8 @@ class AllReduce:
         for site, vector, parts in zip(sites, reduced, shapes):
             with pristine_scope(graph, site.device, f"{site.op.name}_sync/unpack_{tag}"):
                 pieces = tf.split(vector, [size for _, size, _ in parts])
-                out.append([tf.cast(tf.reshape(p, shape), dt) for p, (shape, _, dt) in zip(pieces, parts)])
+                totals = [tf.cast(tf.reshape(p, shape), dt) for p, (shape, _, dt) in zip(pieces, parts)]
+                out.append(finish(totals, statistics[len(out)]) if finish is not None else totals)
         return out
 
 

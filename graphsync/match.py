@@ -58,12 +58,23 @@ def is_live(op: tf.Operation) -> bool:
     return any(t.consumers() for t in op.outputs[:3]) or bool(tf_private.control_outputs(op))
 
 
+GRAPHSYNC_GRADIENTS = ("GraphsyncFusedLocalMoments", "GraphsyncFusedNormalize")
+
+
+def made_by_graphsync(op: tf.Operation) -> bool:
+    """graphsync's own fused kernels carry its gradient names (in saved graphs too)."""
+    try:
+        return op.get_attr("_gradient_op_type").decode() in GRAPHSYNC_GRADIENTS
+    except ValueError:
+        return False
+
+
 def fused_candidates(graph: tf.Graph) -> list[Candidate]:
     """Every fused batch-norm op in the graph, with the reason it cannot be synchronized if any
     that does not depend on towers."""
     found = []
     for op in graph.get_operations():
-        if op.type not in FUSED_TYPES:
+        if op.type not in FUSED_TYPES or made_by_graphsync(op):
             continue
         reason = None
         if not is_training(op):

@@ -493,7 +493,5 @@ def test_python_m_graphsync_works_like_the_console_script(python_m_run):
     assert "Traceback" not in python_m_run.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="graphsync/__init__.py imports TensorFlow before `python -m graphsync` "
-                                       "reaches the CLI, so TensorFlow's start-up lines reach stderr")
 def test_python_m_graphsync_keeps_stderr_clean(python_m_run):
     assert python_m_run.stderr == ""

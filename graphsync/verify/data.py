@@ -24,9 +24,11 @@ class Batch:
     inputs: list[Input]
     towers: int
     per_tower: int
+    group: int              # examples move within consecutive groups of this many towers
     values: dict            # input label → the whole batch (T·n examples), or a fixed value
     permutation: np.ndarray
     notes: list
+    seed: int
 
     @property
     def examples(self) -> int:
@@ -37,20 +39,44 @@ class Batch:
         """Examples that change tower in the exchange."""
         return int(np.sum(np.arange(self.examples) // self.per_tower != self.permutation // self.per_tower))
 
-    def feed(self, graph, exchanged: bool) -> dict:
-        """The feed dict of one run: the batch as drawn, or with examples exchanged."""
+    def feed(self, graph, order: np.ndarray | None = None) -> dict:
+        """The feed dict of one run: the batch as drawn, or its examples in `order` (a permutation)."""
         feed = {}
         for item in self.inputs:
             value = self.values[item.label]
             if item.kind == "fixed":
                 feed[graph.get_tensor_by_name(item.tensors[0])] = value
                 continue
-            if exchanged:
-                value = value[self.permutation]
+            if order is not None:
+                value = value[order]
             parts = np.split(value, self.towers) if item.kind == "per_tower" else [value]
             for name, part in zip(item.tensors, parts):
                 feed[graph.get_tensor_by_name(name)] = part
         return feed
+
+    def other_exchanges(self, count: int) -> list[np.ndarray]:
+        """More exchanges like `permutation`, from their own seeds."""
+        rng = np.random.RandomState(self.seed + 1)
+        return [_group_exchange(self.examples, self.group, self.per_tower, rng) for _ in range(count)]
+
+    def reorders(self, count: int) -> list[np.ndarray]:
+        """Permutations that shuffle the examples inside each tower and move none to another: a
+        symmetry of synchronized and per-tower statistics alike, so what they change is rounding."""
+        rng = np.random.RandomState(self.seed + 2)
+        orders = []
+        for _ in range(count):
+            pieces = [start + _shuffle(self.per_tower, rng) for start in range(0, self.examples, self.per_tower)]
+            orders.append(np.concatenate(pieces))
+        return orders
+
+def _shuffle(n: int, rng) -> np.ndarray:
+    """A permutation of n items that moves some (the identity only for n = 1)."""
+    if n == 1:
+        return np.arange(1)
+    while True:
+        order = rng.permutation(n)
+        if np.any(order != np.arange(n)):
+            return order
 
 
 def draw(inputs: list[Input], towers: int, batch_size: int | None, seed: int, group_size: int | None = None) -> Batch:
@@ -82,8 +108,8 @@ def draw(inputs: list[Input], towers: int, batch_size: int | None, seed: int, gr
     group = group_size or towers
     if group < 2 or towers % group:
         raise GraphsyncError(f"group_size={group_size} does not split {towers} towers into groups of 2 or more")
-    blocks = [_exchange(group, per_tower, rng) + start for start in range(0, total, group * per_tower)]
-    return Batch(inputs, towers, per_tower, values, np.concatenate(blocks), notes)
+    permutation = _group_exchange(total, group, per_tower, rng)
+    return Batch(inputs, towers, per_tower, group, values, permutation, notes, seed)
 
 
 def _per_tower_size(inputs, towers, batch_size) -> int:
@@ -105,6 +131,11 @@ def _per_tower_size(inputs, towers, batch_size) -> int:
             raise GraphsyncError(f"the graph fixes {size} examples per tower, not {batch_size}")
         return size
     return batch_size or 4
+
+
+def _group_exchange(total: int, group: int, per_tower: int, rng) -> np.ndarray:
+    """An exchange inside each consecutive group of `group` towers."""
+    return np.concatenate([_exchange(group, per_tower, rng) + start for start in range(0, total, group * per_tower)])
 
 
 def _exchange(towers: int, per_tower: int, rng) -> np.ndarray:

@@ -438,32 +438,37 @@ def batch_norm_ops(graph: tf.Graph, towers: list[Tower]) -> list[str]:
 
 
 def _moments_ops(graph: tf.Graph, sqdiff: tf.Operation) -> list[str]:
+    """The Mean ops of a `tf.nn.moments` over the batch axis around this SquaredDifference(x,
+    StopGradient(·)): its variance (the Mean reading it) and its mean (the Mean of x over the same
+    axes), however a rewrite rewired the StopGradient."""
     x, stopped = sqdiff.inputs
     if stopped.op.type != "StopGradient":
         x, stopped = stopped, x
     if stopped.op.type != "StopGradient":
         return []
-    variances = [c for c in sqdiff.outputs[0].consumers() if c.type == "Mean" and _reduces_batch(c)]
-    source = stopped.op.inputs[0].op
-    if source.type == "Mean" and source.inputs[0] is x:
-        mean = source
-    else:
-        found = re.match(r"^(?P<mean>.+)_sync/", source.name)
-        try:
-            mean = graph.get_operation_by_name(found.group("mean")) if found else None
-        except KeyError:
-            mean = None
-    if mean is None or mean.type != "Mean" or not variances or not _reduces_batch(mean):
-        return []
-    return [mean.name] + [v.name for v in variances]
+    found = []
+    for variance in sqdiff.outputs[0].consumers():
+        if variance.type != "Mean" or not _reduces_batch(variance):
+            continue
+        axes = _axes(variance)
+        means = [c for c in x.consumers() if c.type == "Mean" and _axes(c) == axes
+                 and c.get_attr("keep_dims") == variance.get_attr("keep_dims")]
+        if means:
+            found += [variance.name] + [m.name for m in means]
+    return found
+
+
+def _axes(op: tf.Operation):
+    axes = tf.get_static_value(op.inputs[1])
+    rank = op.inputs[0].shape.rank
+    if axes is None or not rank:
+        return None
+    return tuple(sorted({int(a) % rank for a in (axes.ravel() if hasattr(axes, "ravel") else [axes])}))
 
 
 def _reduces_batch(op: tf.Operation) -> bool:
-    axes = tf.get_static_value(op.inputs[1])
-    rank = op.inputs[0].shape.rank
-    if axes is None or not rank or rank < 2:
-        return False
-    return 0 in {int(a) % rank for a in (axes.ravel() if hasattr(axes, "ravel") else [axes])}
+    axes = _axes(op)
+    return axes is not None and op.inputs[0].shape.rank >= 2 and 0 in axes
 
 
 def synchronized_layers(graph: tf.Graph, towers: list[Tower]) -> list[str]:

@@ -24,6 +24,8 @@ class Figures:
     layers: list[str]              # synchronized layers (graphsync/<layer>/ scopes)
     traffic: list[LayerTraffic]
     other_bytes: int               # every other cross-device edge (variables, feeds, gradients)
+    rounding: dict | None = None   # check → change from reordering examples inside their towers
+    exchanges: int = 1             # the changes are medians over this many exchanges
 
     def largest(self) -> tuple[str, float]:
         """(check, change) of the largest change."""
@@ -96,25 +98,31 @@ class VerifyReport:
         return "\n".join(lines)
 
     def _table(self) -> list[str]:
-        figures = [("rewritten" if self.original else "", self.rewritten)]
+        columns = [("rewritten" if self.original else "exchanged", self.rewritten, None)]
+        if self.rewritten.rounding:
+            columns.append(("reordered", self.rewritten, self.rewritten.rounding))
         if self.original:
-            figures.append(("original", self.original))
+            columns.append(("original", self.original, None))
         rows = []
         for name, label in CHECKS:
-            count = self.rewritten.counts.get(name, 0)
-            values = [getattr(f, name) for _, f in figures]
+            values = [(rounding or {}).get(name) if rounding is not None else getattr(f, name)
+                      for _, f, rounding in columns]
             if all(v is None for v in values):
                 continue
-            rows.append((f"{label} ({count})" if name != "loss" else label,
-                         [_relative(v) for v in values]))
+            count = self.rewritten.counts.get(name, 0)
+            rows.append((f"{label} ({count})" if name != "loss" else label, [_relative(v) for v in values]))
         rows.append(("per-tower batch-norm ops still running",
-                     [f"{len(f.batch_norm_running)} of {f.batch_norm_ops}" for _, f in figures]))
+                     ["" if rounding is not None else f"{len(f.batch_norm_running)} of {f.batch_norm_ops}"
+                      for _, f, rounding in columns]))
         width = max(len(label) for label, _ in rows)
         lines = []
-        if self.original:
-            lines.append(f"  {'':<{width}}  {'rewritten':>10}  {'original':>10}")
+        if len(columns) > 1:
+            lines.append(f"  {'':<{width}}  " + "  ".join(f"{title:>10}" for title, _, _ in columns))
         for label, cells in rows:
-            lines.append(f"  {label:<{width}}  " + "  ".join(f"{c:>10}" for c in cells))
+            lines.append((f"  {label:<{width}}  " + "  ".join(f"{c:>10}" for c in cells)).rstrip())
+        if self.rewritten.rounding:
+            lines.append(f"  (medians of {self.rewritten.exchanges} exchanges; reordered: the examples only "
+                         "shuffled inside their towers, which changes nothing but float rounding)")
         return lines
 
     def _traffic(self, verbose: bool) -> list[str]:

@@ -75,43 +75,53 @@ class Fetched:
     updates: list
 
 
-@dataclasses.dataclass
-class Runs:
-    """The values of both runs (examples as drawn, examples exchanged) and the first run's trace."""
+class Runner:
+    """One session on `subject`'s graph; every run starts from the same variable values (those in
+    `initial_values`, by variable name, else the graph's initializers, computed once)."""
 
-    drawn: Fetched
-    exchanged: Fetched
-    metadata: tf1.RunMetadata
-    initial_values: dict   # variable name → value every run started from
-
-
-def run_twice(subject: Subject, batch, cpus: int, initial_values: dict | None = None) -> Runs:
-    """Initializes the variables (from `initial_values` where given, by variable name), runs the
-    fetches on the drawn batch with tracing, re-initializes and runs them on the exchanged batch."""
-    graph = subject.graph
-    fetches = Fetched(*[[graph.get_tensor_by_name(n) for n in names]
-                        for names in (subject.loss, subject.gradients, subject.updates)])
-    fetch_list = [fetches.loss, fetches.gradients, fetches.updates]
-    init_ops = [graph.get_operation_by_name(v.initializer) for v in subject.variables]
-    init_values = [graph.get_tensor_by_name(v.initial_value) for v in subject.variables]
-    given = initial_values or {}
-    with graph.as_default(), tf1.Session(graph=graph, config=config(cpus)) as sess:
+    def __init__(self, subject: Subject, batch, cpus: int, initial_values: dict | None = None):
+        self.subject, self.batch = subject, batch
+        graph = subject.graph
+        self._fetches = [[graph.get_tensor_by_name(n) for n in names]
+                         for names in (subject.loss, subject.gradients, subject.updates)]
+        self._init_ops = [graph.get_operation_by_name(v.initializer) for v in subject.variables]
+        init_values = [graph.get_tensor_by_name(v.initial_value) for v in subject.variables]
+        self._session = tf1.Session(graph=graph, config=config(cpus))
+        given = initial_values or {}
         missing = [t for v, t in zip(subject.variables, init_values) if v.name not in given]
-        computed = dict(zip([t.name for t in missing], _run(sess, missing, {}, "initializing the variables")))
-        values = {v.name: given[v.name] if v.name in given else computed[t.name]
-                  for v, t in zip(subject.variables, init_values)}
-        init_feed = {t: values[v.name] for v, t in zip(subject.variables, init_values)}
-        metadata = tf1.RunMetadata()
-        options = tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE, output_partition_graphs=True,
-                                 timeout_in_ms=TIMEOUT_MS)
-        results = []
-        for exchanged in (False, True):
-            _run(sess, init_ops, init_feed, "initializing the variables")
-            feed = batch.feed(graph, exchanged)
-            results.append(Fetched(*_run(sess, fetch_list, feed, "running the graph",
-                                         options=None if exchanged else options,
-                                         run_metadata=None if exchanged else metadata)))
-    return Runs(results[0], results[1], metadata, values)
+        try:
+            computed = dict(zip([t.name for t in missing],
+                                _run(self._session, missing, {}, "initializing the variables")))
+        except GraphsyncError:
+            self.close()
+            raise
+        self.initial_values = {v.name: given[v.name] if v.name in given else computed[t.name]
+                               for v, t in zip(subject.variables, init_values)}
+        self._init_feed = {t: self.initial_values[v.name] for v, t in zip(subject.variables, init_values)}
+        self.metadata = None
+
+    def run(self, order=None, trace: bool = False) -> Fetched:
+        """The fetches with the examples in `order` (None: as drawn); `trace` keeps the step
+        statistics and partition graphs in `self.metadata`."""
+        _run(self._session, self._init_ops, self._init_feed, "initializing the variables")
+        kw = {}
+        if trace:
+            self.metadata = tf1.RunMetadata()
+            kw = {"options": tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE, output_partition_graphs=True,
+                                            timeout_in_ms=TIMEOUT_MS), "run_metadata": self.metadata}
+        else:
+            kw = {"options": tf1.RunOptions(timeout_in_ms=TIMEOUT_MS)}
+        feed = self.batch.feed(self.subject.graph, order)
+        return Fetched(*_run(self._session, self._fetches, feed, "running the graph", **kw))
+
+    def close(self) -> None:
+        self._session.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
 
 
 def _run(sess, fetches, feed, what, **kw):

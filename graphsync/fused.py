@@ -1,0 +1,125 @@
+"""The fused batch-norm layer rebuilt from TensorFlow's own fused kernels, a few ops per tower.
+
+Python op creation costs ~0.3 ms per op, so a rewrite that spelled the arithmetic out op by op
+would take longer than building the model. TensorFlow's fused kernels already compute what each
+tower needs, for every layout and dtype the original op accepted:
+
+    local moments     FusedBatchNormV3(x, is_training=True)  → m_t, n_t/(n_t−1)·v_t   (y unused)
+    normalization     FusedBatchNormV3(x, γ, β, μ, σ², is_training=False) = (x − μ)·γ·r + β
+    local grad sums   FusedBatchNormGradV3(g, x, γ, μ, σ², is_training=False)
+                        → γ·r·g, Σ g·x̂ (b_t), Σ g (a_t)
+    correction        FusedBatchNormV3(x, −γ·r·B/N, −γ·r·A/N, μ, σ², is_training=False)
+                        = −γ·r·(x̂·B + A)/N,   so   ∂L/∂x_t = γ·r·g + correction
+
+TensorFlow's gradient of an inference-mode fused op ignores the statistics, and of a training-mode
+one ignores gradients arriving at its mean and variance; both are wrong once the statistics come
+from every tower. The two ops therefore carry graphsync's own gradients, used when gradients are
+built after the rewrite.
+"""
+from __future__ import annotations
+
+import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2
+
+from graphsync.tf_private import create_op
+
+LOCAL_MOMENTS_GRADIENT = "GraphsyncFusedLocalMoments"   # also how match.py recognizes graphsync's ops
+NORMALIZE_GRADIENT = "GraphsyncFusedNormalize"
+
+
+def _attrs(x, epsilon, data_format, is_training, gradient=None, forward=True):
+    attrs = {"T": attr_value_pb2.AttrValue(type=x.dtype.as_datatype_enum),
+             "U": attr_value_pb2.AttrValue(type=tf.float32.as_datatype_enum),
+             "epsilon": attr_value_pb2.AttrValue(f=epsilon),
+             "data_format": attr_value_pb2.AttrValue(s=data_format.encode()),
+             "is_training": attr_value_pb2.AttrValue(b=is_training)}
+    if forward:
+        attrs["exponential_avg_factor"] = attr_value_pb2.AttrValue(f=1.0)
+    if gradient:
+        attrs["_gradient_op_type"] = attr_value_pb2.AttrValue(s=gradient.encode())
+    return attrs
+
+
+def local_moments(graph, op: tf.Operation):
+    """(size of x as int64, mean, Bessel-corrected variance) of one tower's activations, by the
+    original op's inputs (its mean/variance inputs are ignored in training mode with factor 1)."""
+    x = op.inputs[0]
+    stats = create_op(graph, "FusedBatchNormV3", list(op.inputs[:5]),
+                      _attrs(x, op.get_attr("epsilon"), op.get_attr("data_format").decode(), True,
+                             LOCAL_MOMENTS_GRADIENT), "local_moments")
+    size = create_op(graph, "Size", [x], {"T": attr_value_pb2.AttrValue(type=x.dtype.as_datatype_enum),
+                                          "out_type": attr_value_pb2.AttrValue(type=tf.int64.as_datatype_enum)},
+                     "size")
+    return size.outputs[0], stats.outputs[1], stats.outputs[2]
+
+
+def normalize(graph, x, scale, offset, mean, variance, epsilon, data_format):
+    """(x − μ)·γ/√(σ² + ε) + β in x's dtype."""
+    return create_op(graph, "FusedBatchNormV3", [x, scale, offset, mean, variance],
+                     _attrs(x, epsilon, data_format, False, NORMALIZE_GRADIENT), "y").outputs[0]
+
+
+def grad_sums(dy, x, scale, mean, variance, epsilon, data_format):
+    """(γ·r·g, b_t = Σ g·x̂, a_t = Σ g) of one tower."""
+    return create_op(dy.graph, "FusedBatchNormGradV3", [dy, x, scale, mean, variance, mean],
+                     _attrs(x, epsilon, data_format, False, forward=False), "grad_sums").outputs[:3]
+
+
+def correction_coefficients(scale, variance, epsilon, sum_dy, sum_dy_xhat, total):
+    """(−γ·r·B/N, −γ·r·A/N): the scale and offset under which the inference kernel computes the
+    cross-tower part of ∂L/∂x."""
+    gain = -scale * tf.math.rsqrt(variance + epsilon) / tf.cast(total, scale.dtype)
+    return gain * sum_dy_xhat, gain * sum_dy
+
+
+def input_grad(dx_local, x, mean, variance, epsilon, data_format, coefficients):
+    """∂L/∂x_t = γ·r·g − γ·r·(x̂·B + A)/N from γ·r·g and the correction's coefficients."""
+    correction = create_op(x.graph, "FusedBatchNormV3", [x, coefficients[0], coefficients[1], mean, variance],
+                           _attrs(x, epsilon, data_format, False, NORMALIZE_GRADIENT), "correction").outputs[0]
+    return create_op(x.graph, "AddV2", [dx_local, correction],
+                     {"T": attr_value_pb2.AttrValue(type=x.dtype.as_datatype_enum)}, "dx").outputs[0]
+
+
+def shared_variable(tensors) -> bool:
+    """Whether every tower reads the same variable here (the usual shared-variable towers), so
+    per-channel arithmetic on it can run once per layer instead of once per tower."""
+    def source(t):
+        while t.op.type in ("Identity", "ReadVariableOp"):
+            t = t.op.inputs[0]
+        return t
+    first = source(tensors[0])
+    return first.op.type in ("VarHandleOp", "VariableV2", "Variable") and all(source(t) is first for t in tensors[1:])
+
+
+def _channel_shape(op, vector):
+    """[C] → broadcastable against x (NC… formats put channels at axis 1)."""
+    rank = op.inputs[0].shape.rank
+    if not op.get_attr("data_format").decode().startswith("NC"):
+        return vector
+    return tf.reshape(vector, [1, -1] + [1] * (rank - 2))
+
+
+@tf.RegisterGradient(LOCAL_MOMENTS_GRADIENT)
+def _local_moments_gradient(op, _dy, d_mean, d_variance, *_reserve):
+    """Gradient of (m_t, v_t·n/(n−1)) with respect to x: d_m/n + d_v·2(x − m)/max(n − 1, 1)."""
+    x = op.inputs[0]
+    x32 = tf.cast(x, tf.float32)
+    n = tf.cast(tf.size(x), tf.float32) / tf.cast(tf.size(op.outputs[1]), tf.float32)
+    d_mean = tf.zeros_like(op.outputs[1]) if d_mean is None else d_mean
+    d_variance = tf.zeros_like(op.outputs[2]) if d_variance is None else d_variance
+    centred = x32 - _channel_shape(op, op.outputs[1])
+    dx = _channel_shape(op, d_mean / n) + centred * _channel_shape(op, 2.0 * d_variance / tf.maximum(n - 1.0, 1.0))
+    return [tf.cast(dx, x.dtype), None, None, None, None]
+
+
+@tf.RegisterGradient(NORMALIZE_GRADIENT)
+def _normalize_gradient(op, dy, *_unused):
+    """Gradient of y = (x − μ)·γ·r + β with respect to x, γ, β and also μ, σ²:
+    ∂/∂μ = −γ·r·Σg,  ∂/∂σ² = −½·γ·r²·Σ g·x̂."""
+    x, scale, _, mean, variance = op.inputs
+    epsilon, data_format = op.get_attr("epsilon"), op.get_attr("data_format").decode()
+    dx, d_scale, d_offset = grad_sums(dy, x, scale, mean, variance, epsilon, data_format)
+    inv_std = tf.math.rsqrt(variance + epsilon)
+    d_mean = -scale * inv_std * d_offset
+    d_variance = -0.5 * scale * tf.square(inv_std) * d_scale
+    return [dx, d_scale, d_offset, d_mean, d_variance]

@@ -260,6 +260,13 @@ towers_option = click.option(
 device_option = click.option(
     "--device", metavar="DEV",
     help="Device that combines the towers' statistics (default: CPU 0 of tower 0's host).")
+strategy_option = click.option(
+    "--strategy", type=click.Choice(["gather", "allreduce"]), default="gather", show_default=True,
+    help="gather: statistics combined on --device; allreduce: one CollectiveReduceV2 per layer and "
+         "direction on the towers' own devices (every tower must run each step).")
+group_size_option = click.option(
+    "--group-size", type=click.IntRange(min=1), metavar="K",
+    help="Synchronize within consecutive groups of K towers (default: all towers).")
 tags_option = click.option(
     "--tags", metavar="TAGS",
     help="SavedModel input: comma-separated tags of the meta graph to use (needed when it has several).")
@@ -304,6 +311,8 @@ Then train as before, from the new file:
               help="Where to write the rewritten graph (a new path; written atomically).")
 @towers_option
 @device_option
+@strategy_option
+@group_size_option
 @tags_option
 @click.option("--format", "fmt", type=click.Choice(["graphdef", "graphdef-text", "metagraph", "metagraph-text",
                                                     "savedmodel"]),
@@ -314,7 +323,8 @@ Then train as before, from the new file:
 @click.option("-n", "--dry-run", is_flag=True, help="Rewrite in memory and report; write no file.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")
 @verbose_option
-def rewrite(input_path, output_path, towers, device, tags, fmt, logdir, as_json, dry_run, quiet, verbose):
+def rewrite(input_path, output_path, towers, device, strategy, group_size, tags, fmt, logdir, as_json, dry_run,
+            quiet, verbose):
     """Synchronize the batch norms of the towers in INPUT and write the result to OUTPUT.
 
     INPUT is a binary or text GraphDef or MetaGraphDef, or a SavedModel directory; the format is
@@ -340,6 +350,7 @@ def rewrite(input_path, output_path, towers, device, tags, fmt, logdir, as_json,
     with _library_errors(), _shown_warnings(quiet, verbose), \
             Progress(stages, enabled=sys.stderr.isatty() and not quiet) as progress:
         report, details = graphsync.io.rewrite_file(input_path, output_path, towers=towers, device=device,
+                                                     strategy=strategy, group_size=group_size,
                                                      tags=tags, fmt=fmt, logdir=logdir, dry_run=dry_run,
                                                      stage=stage)
     elapsed = time.perf_counter() - started
@@ -370,10 +381,12 @@ Examples:
 @click.argument("input_path", metavar="INPUT", type=click.Path(dir_okay=True))
 @towers_option
 @device_option
+@strategy_option
+@group_size_option
 @tags_option
 @click.option("--json", "as_json", is_flag=True, help="Print the inspection as JSON on stdout.")
 @verbose_option
-def inspect(input_path, towers, device, tags, as_json, verbose):
+def inspect(input_path, towers, device, strategy, group_size, tags, as_json, verbose):
     """Show the towers in INPUT and every batch-norm candidate: what a rewrite would synchronize,
     what it would leave alone and why, and whether gradients are already built. Writes nothing."""
     _precheck_paths(input_path)
@@ -381,7 +394,7 @@ def inspect(input_path, towers, device, tags, as_json, verbose):
     _check_device(device)
     with _library_errors(), _shown_warnings(False, verbose):
         loaded = graphsync.io.load(input_path, tags)
-        plan = graphsync.plan.make_plan(loaded.graph, towers, device)
+        plan = graphsync.plan.make_plan(loaded.graph, towers, device, strategy=strategy, group_size=group_size)
     info = _inspection(loaded, plan)
     if as_json:
         click.echo(json.dumps(info, indent=2))
@@ -420,7 +433,9 @@ def _inspection(loaded, plan) -> dict:
             "ops": len(loaded.graph.get_operations()),
             "towers": [{"name": t.label, "prefix": t.prefix, "device": devices.get(t.label, "")}
                        for t in plan.towers],
-            "device": plan.device, "layers": layers, "skipped": skipped, "summary": summary}
+            "device": plan.device, "strategy": plan.strategy,
+            "groups": [[plan.towers[i].label for i in g] for g in plan.groups],
+            "layers": layers, "skipped": skipped, "summary": summary}
 
 
 def _tower_devices(graph, plan) -> dict:
@@ -448,7 +463,13 @@ def _format_inspection(info: dict, verbose: bool) -> str:
     for t in towers:
         lines.append(f"  {t['name']:<12} {t['device'] or '(no device)'}")
     if info["layers"]:
-        lines.append(f"statistics combined on {info['device'] or '(default device)'}")
+        if info["strategy"] == "allreduce":
+            lines.append("statistics all-reduced on the towers' own devices (CollectiveReduceV2)")
+        else:
+            lines.append(f"statistics combined on {info['device'] or '(default device)'}")
+        if len(info["groups"]) > 1:
+            lines.append(f"sync groups ({len(info['groups'])}): "
+                         + "; ".join(", ".join(group) for group in info["groups"]))
         width = max(len(layer["name"]) for layer in info["layers"])
         kinds = max(4, max(len(layer["kind"]) for layer in info["layers"]))
         lines.append(f"batch-norm layers ({len(info['layers'])}), one op in each tower:")

@@ -495,3 +495,31 @@ def test_python_m_graphsync_works_like_the_console_script(python_m_run):
 
 def test_python_m_graphsync_keeps_stderr_clean(python_m_run):
     assert python_m_run.stderr == ""
+
+
+def test_rewrite_with_allreduce_trains_like_one_device(tmp_path, reference):
+    out = tmp_path / "allreduce.meta"
+    result = invoke("rewrite", META4, "-o", out, "--strategy", "allreduce")
+    assert result.exit_code == 0 and "by all-reduce" in result.output, result.output
+    after, _ = train_step(str(out), 4, *batch(4))
+    assert max_relative_error(after, reference[META1, 4]) < 2e-5
+
+
+def test_sync_groups_from_the_command_line(tmp_path):
+    """Two groups of two: each group's half of the batch trains like its own single device."""
+    out = tmp_path / "groups.meta"
+    result = invoke("rewrite", META4, "-o", out, "--group-size", "2", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["groups"] == [["tower_0", "tower_1"], ["tower_2", "tower_3"]]
+    images, labels = batch(4)
+    half = len(images) // 2
+    first = train_step(META1, 1, images[:half], labels[:half])[0]
+    grouped = train_step(str(out), 4, images, labels)[0]
+    moving = [k for k in first if "moving" in k]   # tower 0's updates: group 0's statistics
+    assert len(moving) == 4
+    assert max_relative_error({k: grouped[k] for k in moving}, {k: first[k] for k in moving}) < 2e-5
+    whole = train_step(META1, 1, images, labels)[0]
+    assert max_relative_error({k: grouped[k] for k in moving}, {k: whole[k] for k in moving}) > 1e-2
+    assert "in 2 groups of 2" in invoke("rewrite", META4, "--dry-run", "--group-size", "2").output
+    assert "sync groups (2)" in invoke("inspect", META4, "--group-size", "2").output
+    assert invoke("rewrite", META4, "--dry-run", "--group-size", "3").exit_code != 0

@@ -91,7 +91,7 @@ def verify(graph_path, original_path, inputs, loss, num_classes, feeds, batch_si
     if original_path:
         shell._precheck_paths(original_path)  # pylint: disable=protected-access
     graphsync = shell._library(verbose)  # pylint: disable=protected-access
-    from graphsync.verify import DEFAULT_TOLERANCE  # noqa: PLC0415
+    from graphsync.verification import DEFAULT_TOLERANCE  # noqa: PLC0415
     with shell._library_errors(), shell._shown_warnings(False, verbose):  # pylint: disable=protected-access
         report = graphsync.verify(
             graph_path, original=original_path, towers=towers, inputs=list(inputs), loss=loss,

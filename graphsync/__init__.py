@@ -20,6 +20,8 @@ _EXPORTS = {
     "RewriteReport": "graphsync.report",
     "LayerReport": "graphsync.report",
     "SkippedReport": "graphsync.report",
+    "verify": "graphsync.verification",
+    "VerifyReport": "graphsync.verification",
 }
 __all__ = sorted(_EXPORTS) + ["__version__"]
 

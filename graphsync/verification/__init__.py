@@ -20,8 +20,8 @@ import numpy as np
 import tensorflow as tf
 
 from graphsync.errors import GraphsyncError
-from graphsync.verify import data, discover, run, trace
-from graphsync.verify.report import CHECKS, Figures, VerifyReport
+from graphsync.verification import data, discover, run, trace
+from graphsync.verification.report import CHECKS, Figures, VerifyReport
 
 __all__ = ["verify", "VerifyReport", "Figures", "DEFAULT_TOLERANCE"]
 
@@ -115,8 +115,8 @@ def _changes(drawn, others) -> dict:
     changes = {}
     for check, _ in CHECKS:
         if check == "loss":
-            values = [run.relative_change([sum(float(v) for v in drawn.loss)], [sum(float(v) for v in o.loss)])
-                      for o in others] if drawn.loss else [None]
+            total = lambda fetched: [sum(float(np.sum(v)) for v in fetched.loss)]  # noqa: E731
+            values = [run.relative_change(total(drawn), total(o)) for o in others] if drawn.loss else [None]
         else:
             values = [run.relative_change(getattr(drawn, check), getattr(o, check)) for o in others]
         changes[check] = None if values[0] is None else float(np.median(values))

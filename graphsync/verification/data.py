@@ -12,7 +12,7 @@ import dataclasses
 import numpy as np
 
 from graphsync.errors import GraphsyncError
-from graphsync.verify.discover import Input
+from graphsync.verification.discover import Input
 
 UNKNOWN_DIM = 16  # for dimensions other than the batch that the graph leaves open
 

@@ -23,7 +23,7 @@ from graphsync import match
 from graphsync.errors import GraphsyncError
 from graphsync.plan import make_plan
 from graphsync.towers import Tower, find_towers, tower_of
-from graphsync.verify import trace
+from graphsync.verification import trace
 
 VARIABLE_TYPES = ("VarHandleOp", "VariableV2", "Variable")
 WRITE_TYPES = ("Assign", "AssignAdd", "AssignSub", "AssignVariableOp", "AssignAddVariableOp",

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from graphsync.verify.trace import LayerTraffic
+from graphsync.verification.trace import LayerTraffic
 
 SHOWN_LAYERS = 8
 CHECKS = (("loss", "sum of the tower losses"), ("gradients", "gradients applied"),

@@ -112,3 +112,11 @@ def test_no_original_moments_op_runs_and_towers_stay_apart():
         for tensor in op.inputs if home else ():
             owner = next((p for p in prefixes if tensor.op.name.startswith(p)), home)
             assert owner == home, f"{op.name} reads {tensor.name}"
+
+
+def test_second_rewrite_of_a_moments_graph_changes_nothing():
+    _, report, built = _errors("mixed", [3, 5], "after", tf.float32)
+    before = built.graph.as_graph_def()
+    again = graphsync.rewrite_towers(built.graph)
+    assert not again.changed and "already synchronized" in again.summary
+    assert built.graph.as_graph_def() == before

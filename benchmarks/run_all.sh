@@ -2,6 +2,7 @@
 # The recorded run: every benchmark once, one after the other, against a snapshot of a commit
 # (default HEAD) so work in progress in the checkout does not leak in. Markdown and JSON land in
 # benchmarks/results/. About 15 minutes on a 2-core machine.
+# One benchmark alone: benchmarks/run_all.sh REV step_overhead
 #   benchmarks/run_all.sh [REV]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,10 +10,12 @@ rev=${1:-HEAD}
 snap=/tmp/graphsync-bench-$(git rev-parse --short "$rev")
 benchmarks/snapshot.sh "$rev" "$snap"
 mkdir -p benchmarks/results
-for b in accuracy traffic step_overhead rewrite_cost cli_end_to_end; do
+shift || true
+for b in ${@:-accuracy traffic step_overhead rewrite_cost cli_end_to_end}; do
   echo "== $b" >&2
   extra=()
   [ "$b" = rewrite_cost ] && extra=(--profile 4)
+  [ "$b" = step_overhead ] && extra=(--op-types)
   GRAPHSYNC_SRC=$snap /usr/bin/time -f "$b: %e s wall" python benchmarks/$b.py "${extra[@]}" \
     --json benchmarks/results/$b.json > benchmarks/results/$b.md
 done

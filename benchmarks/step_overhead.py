@@ -164,7 +164,32 @@ def _count_bn(arch):
     return Count.n
 
 
-def run_model(arch, batch, rounds, steps, warmup, log, only):
+def op_breakdown(variants, names, steps=5):
+    """Op compute time per step by op type (FULL_TRACE step stats, median of `steps`), for the
+    graph variants `names`: where a synchronized step's extra work goes."""
+    import collections
+    out = {}
+    for name in names:
+        if name not in variants or not isinstance(variants[name], GraphVariant):
+            continue
+        per_step = []
+        for _ in range(steps):
+            meta = tf1.RunMetadata()
+            variants[name].session.run(variants[name].built["train_op"],
+                                       options=tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE),
+                                       run_metadata=meta)
+            types = collections.Counter()
+            for dev in meta.step_stats.dev_stats:
+                for node in dev.node_stats:
+                    kind = node.timeline_label.split("(")[0].split("=")[-1].strip() or node.node_name
+                    types[kind] += node.op_end_rel_micros - node.op_start_rel_micros
+            per_step.append(types)
+        kinds = set().union(*per_step)
+        out[name] = {k: _common.median([c[k] for c in per_step]) / 1e3 for k in kinds}
+    return out
+
+
+def run_model(arch, batch, rounds, steps, warmup, log, only, op_types=False):
     batches = models.data(arch, TOWERS, batch)
     variants = {}
     if "strategy" not in inspect.signature(graphsync.rewrite_towers).parameters:
@@ -209,6 +234,7 @@ def run_model(arch, batch, rounds, steps, warmup, log, only):
     for _ in range(3):
         for name in names:
             memory[name].append(memory_delta(variants[name], 2))
+    breakdown = op_breakdown(variants, ("unsynced", "graphsync")) if op_types else None
     for v in variants.values():
         v.close()
 
@@ -226,18 +252,20 @@ def run_model(arch, batch, rounds, steps, warmup, log, only):
         ratios.append(dict(ratio=what, time=_common.median(per_round), lo=min(per_round), hi=max(per_round),
                            memory=max(memory[num]) / max(memory[den])))
     return dict(arch=arch, layers=n_layers, batch=batch, rows=rows, ratios=ratios, times=times, memory=memory,
-                loss_agreement=agree, unsynced_vs_synced_loss=differs)
+                loss_agreement=agree, unsynced_vs_synced_loss=differs, breakdown=breakdown)
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=["resnet", "segnet"])
     parser.add_argument("--batch", type=int, default=8, help="examples per tower")
-    parser.add_argument("--rounds", type=int, default=11)
+    parser.add_argument("--rounds", type=int, default=21)
     parser.add_argument("--steps", type=int, default=3, help="steps per variant per round")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--variants", nargs="+", default=list(GRAPH_VARIANTS) + list(PEER_VARIANTS),
                         help="a subset of the variants (default: all)")
+    parser.add_argument("--op-types", action="store_true",
+                        help="also break the op compute time of unsynced and graphsync steps down by op type")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
 
@@ -247,7 +275,8 @@ def main(argv=None):
     print(_common.header("Step overhead, 4 logical CPU devices", argv))
     results = []
     for arch in args.models:
-        res = run_model(arch, args.batch, args.rounds, args.steps, args.warmup, log, set(args.variants))
+        res = run_model(arch, args.batch, args.rounds, args.steps, args.warmup, log, set(args.variants),
+                        args.op_types)
         results.append(res)
         print(f"\n**{arch}** ({res['layers']} batch norms per tower, {TOWERS} towers × {args.batch} examples of "
               f"32×32×3; median of {args.rounds} rounds × {args.steps} steps)\n")
@@ -263,6 +292,19 @@ def main(argv=None):
               f"{res['loss_agreement']['graphsync-moments']:.1e}, allreduce "
               f"{res['loss_agreement']['graphsync-allreduce']:.1e}); unsynced vs graphsync "
               f"{res['unsynced_vs_synced_loss']:.1e} (they must differ).")
+        if res["breakdown"] and len(res["breakdown"]) == 2:
+            base, synced = res["breakdown"]["unsynced"], res["breakdown"]["graphsync"]
+            kinds = sorted(set(base) | set(synced), key=lambda k: -abs(synced.get(k, 0) - base.get(k, 0)))[:12]
+            kinds.sort(key=lambda k: -(synced.get(k, 0) - base.get(k, 0)))
+            rows = [dict(op=k, unsynced=base.get(k, 0.0), graphsync=synced.get(k, 0.0),
+                         delta=synced.get(k, 0.0) - base.get(k, 0.0)) for k in kinds]
+            rows.append(dict(op="all ops", unsynced=sum(base.values()), graphsync=sum(synced.values()),
+                             delta=sum(synced.values()) - sum(base.values())))
+            print("\nOp compute time per step by op type, ms summed over the 4 devices (FULL_TRACE step stats, "
+                  "median of 5 steps; the 12 largest changes). Wall time is not their sum: 4 devices share 2 cores, "
+                  "and each synchronized layer is a barrier across towers.\n")
+            print(_common.table(rows, [("op", "op type"), ("unsynced", "unsynced ms"),
+                                       ("graphsync", "graphsync ms"), ("delta", "Δ ms")]))
     _common.write_json(args.json, results)
 
 

@@ -166,14 +166,13 @@ def _verdict(figures: Figures, batch, tolerance: float) -> tuple[bool, str]:
     if failing:
         check, change = max(failing, key=lambda item: item[1])
         rounding = (figures.rounding or {}).get(check)
-        hint = "" if figures.layers else "; the graph has no synchronized layer: rewrite it with graphsync first"
+        hint = "" if figures.layers else "; it has no synchronized layer: rewrite it first"
         if rounding is not None and ROUNDING_FACTOR * rounding > ROUNDING_CAP:
             return False, (f"inconclusive: {moved} changes the {dict(CHECKS)[check]} by {change:.1e}, but reordering "
                            f"examples inside their towers already changes them by {rounding:.1e} (float rounding, "
                            "amplified by this model): try --batch-size 16 or trained weights")
-        within = f"; reordering inside the towers: {rounding:.1e}" if rounding is not None else ""
-        return False, (f"not synchronized: {moved} changes the {dict(CHECKS)[check]} by {change:.1e} "
-                       f"(tolerance {tolerance:.0e}{within}){hint}")
+        scale = f"float rounding: {rounding:.1e}" if rounding is not None else f"tolerance {tolerance:.0e}"
+        return False, f"not synchronized: {moved} changes the {dict(CHECKS)[check]} by {change:.1e} ({scale}){hint}"
     if figures.batch_norm_running:
         return False, (f"{len(figures.batch_norm_running)} per-tower batch-norm ops still run each step "
                        f"(e.g. {figures.batch_norm_running[0]}): something still reads them")

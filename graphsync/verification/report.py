@@ -121,8 +121,7 @@ class VerifyReport:
         for label, cells in rows:
             lines.append((f"  {label:<{width}}  " + "  ".join(f"{c:>10}" for c in cells)).rstrip())
         if self.rewritten.rounding:
-            lines.append(f"  (medians of {self.rewritten.exchanges} exchanges; reordered: the examples only "
-                         "shuffled inside their towers, which changes nothing but float rounding)")
+            lines.append(f"  (medians of {self.rewritten.exchanges}; reordered: examples shuffled only inside their towers)")
         return lines
 
     def _traffic(self, verbose: bool) -> list[str]:

@@ -1,0 +1,114 @@
+"""The README runs as written: every ```python block in a fresh interpreter (its output checked
+against the ```text block or the inline `prints ...` that follows it), every ```console block's
+commands in order, their output checked line by line.
+
+Only what changes from run to run is masked before comparing: relative changes printed as 1.2e-03
+(float rounding differs between machines), event file names (time and host), the temporary directory.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from cli.main import main
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+README = os.path.join(ROOT, "README.md")
+WALKTHROUGH_DIR = "/tmp/walkthrough"
+_BLOCK = re.compile(r"^```(?P<lang>\w*)\n(?P<body>.*?)^```\n(?P<after>(?:(?!^```).)*)", re.S | re.M)
+_FIGURE = re.compile(r"\b\d\.\de[+-]\d\d\b")
+_EVENT_FILE = re.compile(r"events\.out\.tfevents\.\S+")
+
+
+def _blocks():
+    with open(README, encoding="utf-8") as f:
+        text = f.read()
+    blocks = [(m.group("lang"), m.group("body"), m.group("after"), text[:m.start()].count("\n") + 1)
+              for m in _BLOCK.finditer(text)]
+    return blocks
+
+
+def _expected_output(blocks, index):
+    """The output shown for blocks[index]: the next block when it is ```text and only a short
+    sentence lies between, else the inline `…` after 'prints'."""
+    _, _, after, _ = blocks[index]
+    if index + 1 < len(blocks) and blocks[index + 1][0] == "text" and len(after.strip()) < 20:
+        return "exact", blocks[index + 1][1]
+    found = re.match(r"\s*prints `([^`]+)`", after)
+    return ("contains", found.group(1)) if found else (None, None)
+
+
+def _normalize(text: str, tmp: str | None = None) -> list[str]:
+    if tmp:
+        text = text.replace(tmp, WALKTHROUGH_DIR)
+    text = _EVENT_FILE.sub("events.out.tfevents.<time>.<host>", _FIGURE.sub("<figure>", text))
+    return [line.rstrip() for line in text.strip().splitlines()]
+
+
+PYTHON = [(i, line) for i, (lang, _, _, line) in enumerate(_blocks()) if lang == "python"]
+
+
+def test_readme_has_the_walkthrough():
+    blocks = _blocks()
+    assert len(PYTHON) >= 2 and sum(lang == "console" for lang, *_ in blocks) >= 3
+    with open(README, encoding="utf-8") as f:
+        text = f.read()
+    assert text.startswith("# graphsync\n\n```bash\npip install . && ")   # the set-up commands come first
+    assert "(docs/tensorboard.png)" in text and os.path.isfile(os.path.join(ROOT, "docs", "tensorboard.png"))
+
+
+@pytest.mark.parametrize("index", [i for i, _ in PYTHON], ids=[f"line{line}" for _, line in PYTHON])
+def test_python_block_runs_as_written(index, tmp_path):
+    blocks = _blocks()
+    _, body, _, line = blocks[index]
+    script = tmp_path / f"readme_line{line}.py"
+    script.write_text(body)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, f"README line {line}:\n{done.stderr[-3000:]}"
+    how, expected = _expected_output(blocks, index)
+    if how == "exact":
+        assert _normalize(done.stdout) == _normalize(expected), f"README line {line} prints:\n{done.stdout}"
+    elif how == "contains":
+        assert expected in done.stdout, f"README line {line} prints:\n{done.stdout}"
+
+
+def _console_commands():
+    """(README line, command, shown output) of every `$ command` in ```console blocks, in order."""
+    commands = []
+    for lang, body, _, line in _blocks():
+        if lang != "console":
+            continue
+        current = None
+        for offset, text in enumerate(body.splitlines()):
+            if text.startswith("$ "):
+                current = [line + 1 + offset, text[2:], []]
+                commands.append(current)
+            elif current is not None:
+                current[2].append(text)
+    return [(n, command, "\n".join(output)) for n, command, output in commands]
+
+
+def test_console_commands_print_what_the_readme_shows(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    tmp = str(tmp_path / "walkthrough")
+    os.makedirs(tmp)
+    commands = _console_commands()
+    assert [c.split()[:2] for _, c, _ in commands][:3] == [["graphsync", "inspect"], ["graphsync", "rewrite"],
+                                                           ["graphsync", "verify"]]
+    for line, command, shown in commands:
+        args = shlex.split(command.replace(WALKTHROUGH_DIR, tmp))
+        assert args[0] == "graphsync", f"README line {line}: only graphsync commands run here"
+        result = CliRunner().invoke(main, args[1:], catch_exceptions=False)
+        printed = result.stdout + result.stderr
+        assert _normalize(printed, tmp) == _normalize(shown), \
+            f"README line {line}: `{command}` prints (exit {result.exit_code}):\n{printed}"
+        failing = "graphsync: error:" in shown
+        assert (result.exit_code != 0) == failing, f"README line {line}: exit {result.exit_code}"

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 
-import numpy as np
 import pytest
 import tensorflow as tf
 from click.testing import CliRunner

@@ -19,7 +19,6 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from graphsync.errors import GraphsyncError
 from graphsync.verification import data, discover, run, trace
 from graphsync.verification.report import CHECKS, Figures, VerifyReport
 

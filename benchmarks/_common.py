@@ -121,8 +121,3 @@ def write_json(path: str | None, payload) -> None:
     with open(path, "w") as f:
         json.dump(payload, f, indent=1, default=str)
 
-
-def rss_bytes() -> int:
-    """The process's resident set size now."""
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")

@@ -25,7 +25,7 @@ import tensorflow as tf
 
 from graphsync import stats
 from graphsync.errors import GraphsyncError, GraphsyncWarning
-from graphsync.tf_private import pristine_scope
+from graphsync.tf_private import FastOps, pristine_scope
 
 AGGREGATION_SCOPE = "graphsync"
 UPLOAD_GRADIENT = "GraphsyncStatisticsUpload"
@@ -91,8 +91,9 @@ class Gather:
 
     name = "gather"
 
-    def __init__(self, device: str, groups):
+    def __init__(self, graph: tf.Graph, device: str, groups):
         self.device, self.groups = device, groups
+        self.ops = FastOps(graph)
 
     def _scope(self, layer, part, g):
         suffix = f"_group{g}" if len(self.groups) > 1 else ""
@@ -110,7 +111,7 @@ class Gather:
         for g, members in enumerate(self.groups):
             with pristine_scope(graph, self.device, self._scope(layer, "forward", g)):
                 counts, total, mean, variance, bessel = stats.merge_moments(
-                    *zip(*[uploads[i] for i in members]), spread=spread)
+                    self.ops, *zip(*[uploads[i] for i in members]), spread=spread)
             for i, count in zip(members, counts):
                 out[i] = Synchronized(count, total, mean, variance, bessel)
         return out
@@ -121,9 +122,9 @@ class Gather:
         out = [None] * len(sites)
         for g, members in enumerate(self.groups):
             with pristine_scope(graph, self.device, self._scope(layer, tag, g)):
-                totals = [tf.add_n([values[i][j] for i in members]) for j in range(len(values[members[0]]))]
+                totals = [self.ops.add_n([values[i][j] for i in members]) for j in range(len(values[members[0]]))]
                 if finish is not None:
-                    totals = finish(totals, statistics[members[0]])
+                    totals = finish(totals, statistics[members[0]], self.ops)
             for i in members:
                 out[i] = totals
         return out
@@ -200,6 +201,7 @@ class AllReduce:
     def __init__(self, graph: tf.Graph, groups, process_group: ProcessGroup | None = None):
         self.groups, self.process_group = groups, process_group
         self.keys = _allreduce_keys.setdefault(graph, CollectiveKeys(graph))
+        self.ops = FastOps(graph)
         self.group_keys = [self.keys.new() for _ in groups]
         self.scale = process_group.tasks if process_group else 1
 
@@ -262,7 +264,7 @@ class AllReduce:
             with pristine_scope(graph, site.device, f"{site.op.name}_sync/unpack_{tag}"):
                 pieces = tf.split(vector, [size for _, size, _ in parts])
                 totals = [tf.cast(tf.reshape(p, shape), dt) for p, (shape, _, dt) in zip(pieces, parts)]
-                out.append(finish(totals, statistics[len(out)]) if finish is not None else totals)
+                out.append(finish(totals, statistics[len(out)], self.ops) if finish is not None else totals)
         return out
 
 
@@ -275,7 +277,7 @@ def make_exchange(graph, strategy: str, device: str, groups, process_group=None)
     if strategy == "gather":
         if process_group is not None:
             raise GraphsyncError("between-graph replication (process_group=) needs strategy='allreduce'")
-        return Gather(device, groups)
+        return Gather(graph, device, groups)
     if strategy == "allreduce":
         return AllReduce(graph, groups, process_group)
     raise GraphsyncError(f"unknown strategy {strategy!r}: use 'gather' or 'allreduce'")

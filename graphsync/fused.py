@@ -65,11 +65,12 @@ def grad_sums(dy, x, scale, mean, variance, epsilon, data_format):
                      _attrs(x, epsilon, data_format, False, forward=False), "grad_sums").outputs[:3]
 
 
-def correction_coefficients(scale, variance, epsilon, sum_dy, sum_dy_xhat, total):
+def correction_coefficients(ops, scale, variance, epsilon, sum_dy, sum_dy_xhat, total):
     """(−γ·r·B/N, −γ·r·A/N): the scale and offset under which the inference kernel computes the
-    cross-tower part of ∂L/∂x."""
-    gain = -scale * tf.math.rsqrt(variance + epsilon) / tf.cast(total, scale.dtype)
-    return gain * sum_dy_xhat, gain * sum_dy
+    cross-tower part of ∂L/∂x. `ops` is a tf_private.FastOps."""
+    inv_std = ops.unary("Rsqrt", ops.binary("AddV2", variance, float(epsilon)))
+    gain = ops.binary("RealDiv", ops.unary("Neg", ops.binary("Mul", scale, inv_std)), ops.cast(total, scale.dtype))
+    return ops.binary("Mul", gain, sum_dy_xhat), ops.binary("Mul", gain, sum_dy)
 
 
 def input_grad(dx_local, x, mean, variance, epsilon, data_format, coefficients):

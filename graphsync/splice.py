@@ -87,9 +87,9 @@ def _fused_backward(graph, layer: LayerPlan, exchange, statistics, k: int, count
     scales = [site.grad_ops[k].inputs[2] for site in layer.sites]
     shared = fused.shared_variable(scales)
 
-    def finish(totals, s):
+    def finish(totals, s, ops):
         """Once per group where the sums arrive when γ is shared; else per tower below."""
-        return list(fused.correction_coefficients(scales[0], s.variance, layer.epsilon, *totals, s.total)) \
+        return list(fused.correction_coefficients(ops, scales[0], s.variance, layer.epsilon, *totals, s.total)) \
             if shared else totals
 
     sums = exchange.sums(graph, layer, layer.sites, [[a, b] for _, b, a in local], f"backward_{k}",
@@ -97,8 +97,8 @@ def _fused_backward(graph, layer: LayerPlan, exchange, statistics, k: int, count
     for site, s, (dx_local, grad_scale, grad_offset), totals in zip(layer.sites, statistics, local, sums):
         grad_op = site.grad_ops[k]
         with pristine_scope(graph, grad_op.device or site.device, f"{site.op.name}_sync_grad_{k}"):
-            coefficients = totals if shared else \
-                fused.correction_coefficients(grad_op.inputs[2], s.variance, layer.epsilon, *totals, s.total)
+            coefficients = totals if shared else fused.correction_coefficients(
+                exchange.ops, grad_op.inputs[2], s.variance, layer.epsilon, *totals, s.total)
             dx = fused.input_grad(dx_local, grad_op.inputs[1], s.mean, s.variance, layer.epsilon,
                                   _data_format(site.op), coefficients)
         count.edges += reroute_consumers(grad_op.outputs[0], dx)

@@ -43,27 +43,29 @@ def local_moments(x: tf.Tensor, layout: Layout):
     return size, mean, m2
 
 
-def merge_moments(sizes, means, spreads, spread: str = "m2"):
+def merge_moments(ops, sizes, means, spreads, spread: str = "m2"):
     """Global (n per tower, N, μ, σ² biased, σ²·N/(N−1)) from every tower's (size, m, spread), in
     float64, the spread being M2 or the Bessel-corrected variance (what the fused kernel reports).
-    μ and the variances come back in the towers' dtype; n_t = size_t / (number of statistics)."""
-    dtype = means[0].dtype
-    rank = means[0].shape.rank
-    per_statistic = tf.cast(tf.size(means[0]), tf.float64)
-    counts = tf.cast(tf.stack(sizes), tf.float64) / per_statistic
-    n = tf.reshape(counts, [-1] + [1] * rank)
-    present = n > 0    # an empty tower's kernel statistics are NaN: it contributes nothing
-    m = tf.where(present, tf.cast(tf.stack(means), tf.float64), 0.0)
-    m2 = tf.where(present, tf.cast(tf.stack(spreads), tf.float64), 0.0)
-    if spread == "bessel":
-        m2 = m2 * tf.maximum(n - 1.0, 1.0)
-    total = tf.reduce_sum(counts, name="count")
-    mean = tf.math.divide_no_nan(tf.reduce_sum(n * m, 0), total)
-    spread_sum = tf.reduce_sum(m2, 0) + tf.reduce_sum(n * tf.math.squared_difference(m, mean), 0)
-    variance = tf.math.divide_no_nan(spread_sum, total)
-    unbiased = spread_sum / tf.maximum(total - 1.0, 1.0)
-    return (tf.unstack(counts), total, tf.cast(mean, dtype, name="mean"), tf.cast(variance, dtype, name="variance"),
-            tf.cast(unbiased, dtype, name="bessel_variance"))
+    μ and the variances come back in the towers' dtype; n_t = size_t / (number of statistics).
+    Products with n use MulNoNan: an empty tower's NaN statistics then weigh nothing. `ops` is a
+    tf_private.FastOps (this runs once per layer, so op creation cost matters)."""
+    f64, dtype = tf.float64, means[0].dtype
+    per_statistic = means[0].shape.num_elements() or ops.cast(tf.size(means[0]), f64)
+    counts = ops.binary("RealDiv", ops.cast(ops.stack(sizes), f64), float(per_statistic)
+                        if isinstance(per_statistic, int) else per_statistic)
+    n = ops.reshape(counts, [-1] + [1] * means[0].shape.rank)
+    m = ops.cast(ops.stack(means), f64)
+    m2 = ops.cast(ops.stack(spreads), f64)
+    if spread == "bessel":   # v·(n−1) = M2
+        m2 = ops.binary("MulNoNan", m2, ops.unary("Relu", ops.binary("Sub", n, 1.0)))
+    total = ops.sum(counts, 0, name="count")
+    mean = ops.binary("RealDiv", ops.sum(ops.binary("MulNoNan", m, n), 0), total)
+    deviation = ops.binary("MulNoNan", ops.binary("SquaredDifference", m, mean), n)
+    spread_sum = ops.sum(ops.binary("AddV2", m2, deviation), 0)
+    unbiased = ops.binary("RealDiv", spread_sum, ops.binary("Maximum", ops.binary("Sub", total, 1.0), 1.0))
+    return (ops.unstack(counts, len(sizes)), total, ops.cast(mean, dtype, name="mean"),
+            ops.cast(ops.binary("RealDiv", spread_sum, total), dtype, name="variance"),
+            ops.cast(unbiased, dtype, name="bessel_variance"))
 
 
 def share(total_sum: tf.Tensor, count: tf.Tensor, total: tf.Tensor) -> tf.Tensor:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 
 import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2
 
 
 def update_input(op: tf.Operation, index: int, tensor: tf.Tensor) -> None:
@@ -58,3 +59,69 @@ def create_op(graph: tf.Graph, op_type: str, inputs: list, attrs: dict, name: st
     """Creates an op without the Python argument inference of `tf.raw_ops` (about half the cost of
     each op a rewrite adds); attrs maps names to AttrValue protos and must be complete."""
     return graph._create_op_internal(op_type, inputs, name=name, attrs=attrs)  # pylint: disable=protected-access
+
+
+def _type(dtype) -> attr_value_pb2.AttrValue:
+    return attr_value_pb2.AttrValue(type=tf.as_dtype(dtype).as_datatype_enum)
+
+
+class FastOps:
+    """The handful of ops graphsync's per-layer arithmetic needs, created through `create_op`, with
+    constants cached per device. Same semantics as the tf.* functions of the same names."""
+
+    def __init__(self, graph: tf.Graph):
+        self.graph = graph
+        self._constants = {}
+
+    def _op(self, op_type, inputs, name=None, **attrs):
+        return create_op(self.graph, op_type, inputs, attrs, name or op_type).outputs
+
+    def constant(self, value, dtype):
+        """One constant per value, dtype and device for the whole rewrite."""
+        key = (repr(value), tf.as_dtype(dtype).name, self._device())
+        if key not in self._constants:
+            with self.graph.control_dependencies(None), self.graph.name_scope("graphsync/constants/"):
+                self._constants[key] = tf.constant(value, dtype, name="constant")
+        return self._constants[key]
+
+    def _device(self) -> str:
+        specs = list(self.graph._device_function_stack.peek_objs())  # pylint: disable=protected-access
+        return getattr(specs[0], "display_name", "") if specs else ""
+
+    def binary(self, op_type, x, y, name=None):
+        if not isinstance(y, tf.Tensor):
+            y = self.constant(y, x.dtype)
+        if not isinstance(x, tf.Tensor):
+            x = self.constant(x, y.dtype)
+        return self._op(op_type, [x, y], name, T=_type(x.dtype))[0]
+
+    def unary(self, op_type, x, name=None):
+        return self._op(op_type, [x], name, T=_type(x.dtype))[0]
+
+    def cast(self, x, dtype, name=None):
+        if x.dtype == dtype:
+            return x
+        return self._op("Cast", [x], name, SrcT=_type(x.dtype), DstT=_type(dtype),
+                        Truncate=attr_value_pb2.AttrValue(b=False))[0]
+
+    def stack(self, values, name=None):
+        return self._op("Pack", list(values), name, T=_type(values[0].dtype),
+                        N=attr_value_pb2.AttrValue(i=len(values)), axis=attr_value_pb2.AttrValue(i=0))[0]
+
+    def unstack(self, value, num):
+        return self._op("Unpack", [value], None, T=_type(value.dtype), num=attr_value_pb2.AttrValue(i=num),
+                        axis=attr_value_pb2.AttrValue(i=0))
+
+    def sum(self, x, axis, name=None):
+        return self._op("Sum", [x, self.constant(axis, tf.int32)], name, T=_type(x.dtype),
+                        Tidx=_type(tf.int32), keep_dims=attr_value_pb2.AttrValue(b=False))[0]
+
+    def reshape(self, x, shape, name=None):
+        return self._op("Reshape", [x, self.constant(shape, tf.int32)], name, T=_type(x.dtype),
+                        Tshape=_type(tf.int32))[0]
+
+    def add_n(self, values, name=None):
+        if len(values) == 1:
+            return self.unary("Identity", values[0], name)
+        return self._op("AddN", list(values), name, T=_type(values[0].dtype),
+                        N=attr_value_pb2.AttrValue(i=len(values)))[0]

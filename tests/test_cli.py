@@ -19,19 +19,11 @@ import tensorflow as tf
 from click.testing import CliRunner
 
 import graphsync
+from fixture_paths import (CHECKPOINT, FIXTURES, FORWARD, META1, META2, META4, MOMENTS1, MOMENTS2, ROOT,
+                           SAVEDMODEL)
 from cli.main import Progress, main
 
 tf1 = tf.compat.v1
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FIXTURES = os.path.join(ROOT, "fixtures")
-META1 = os.path.join(FIXTURES, "cifar10_1tower.meta")
-META2 = os.path.join(FIXTURES, "cifar10_2towers.meta")
-META4 = os.path.join(FIXTURES, "cifar10_4towers.meta")
-MOMENTS1 = os.path.join(FIXTURES, "moments_1tower.meta")
-MOMENTS2 = os.path.join(FIXTURES, "moments_2towers.meta")
-FORWARD = os.path.join(FIXTURES, "forward_2towers.pb")
-SAVEDMODEL = os.path.join(FIXTURES, "savedmodel_2towers")
-CHECKPOINT = os.path.join(FIXTURES, "cifar10_2towers.ckpt")
 CONFIG = tf1.ConfigProto(device_count={"CPU": 4}, inter_op_parallelism_threads=2,
                          intra_op_parallelism_threads=1)
 PER_TOWER = 4

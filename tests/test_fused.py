@@ -8,7 +8,6 @@ leaves room for summation order. Without the rewrite the errors are 1e-2 and mor
 import functools
 import warnings
 
-import numpy as np
 import pytest
 import tensorflow as tf
 

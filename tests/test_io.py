@@ -10,17 +10,11 @@ import tensorflow as tf
 from google.protobuf import text_format
 
 import graphsync
+from fixture_paths import FIXTURES, META2, META4, META1, FORWARD, SAVEDMODEL, CHECKPOINT
 from graphsync import io as gio
 from graphsync.io import atomic
 
 tf1 = tf.compat.v1
-FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures")
-META2 = os.path.join(FIXTURES, "cifar10_2towers.meta")
-META4 = os.path.join(FIXTURES, "cifar10_4towers.meta")
-META1 = os.path.join(FIXTURES, "cifar10_1tower.meta")
-FORWARD = os.path.join(FIXTURES, "forward_2towers.pb")
-SAVEDMODEL = os.path.join(FIXTURES, "savedmodel_2towers")
-CHECKPOINT = os.path.join(FIXTURES, "cifar10_2towers.ckpt")
 
 
 def fixture_bytes(path):

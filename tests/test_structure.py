@@ -1,7 +1,6 @@
 """Structure after a rewrite (a complement to the numeric tests): no original batch-norm op runs,
 each tower's backward reads only its own activations, failures leave the graph untouched, a second
 rewrite changes nothing."""
-import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -23,16 +22,7 @@ def rewritten():
 
 
 def _executed_nodes(built):
-    x, t = tl.data(BATCH, (6, 6, 3), (5,))
-    splits = np.cumsum(BATCH)[:-1]
-    feed = dict(zip(built.inputs, np.split(x, splits)))
-    feed.update(zip(built.targets, np.split(t, splits)))
-    meta = tf1.RunMetadata()
-    with tf1.Session(graph=built.graph, config=tl.CONFIG) as sess:
-        sess.run(tf1.global_variables_initializer())
-        sess.run(built.train_op, feed, options=tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE),
-                 run_metadata=meta)
-    return {node.node_name for dev in meta.step_stats.dev_stats for node in dev.node_stats}
+    return tl.executed_nodes(built, BATCH)
 
 
 def test_no_original_batch_norm_op_runs(rewritten):

@@ -111,6 +111,20 @@ def run_step(built: Built, x, t, batch_sizes, target="", config=None):
             "loss": np.array(losses, np.float64), "grads": grads, "moving": moving, "variables": variables}
 
 
+def executed_nodes(built: Built, batch_sizes) -> set:
+    """Names of the ops one training step runs, from TensorFlow's own step statistics."""
+    x, t = data(batch_sizes, built.inputs[0].shape[1:].as_list(), built.targets[0].shape[1:].as_list())
+    splits = np.cumsum(batch_sizes)[:-1]
+    feed = dict(zip(built.inputs, np.split(x, splits)))
+    feed.update(zip(built.targets, np.split(t, splits)))
+    meta = tf1.RunMetadata()
+    with tf1.Session(graph=built.graph, config=CONFIG) as sess:
+        sess.run(tf1.global_variables_initializer())
+        sess.run(built.train_op, feed, options=tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE),
+                 run_metadata=meta)
+    return {node.node_name for dev in meta.step_stats.dev_stats for node in dev.node_stats}
+
+
 def reference_step(model_fn, batch_sizes, x, t, **kw):
     """The same model on one device with the concatenated batch; per-tower losses on its slices."""
     ref = build(model_fn, [sum(batch_sizes)], scope="", devices=["/cpu:0"], gradients="after",

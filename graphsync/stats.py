@@ -58,6 +58,8 @@ def merge_moments(ops, sizes, means, spreads, spread: str = "m2"):
     m2 = ops.cast(ops.stack(spreads), f64)
     if spread == "bessel":   # v·(n−1) = M2
         m2 = ops.binary("MulNoNan", m2, ops.unary("Relu", ops.binary("Sub", n, 1.0)))
+    else:
+        m2 = ops.binary("MulNoNan", m2, ops.binary("Minimum", n, 1.0))
     total = ops.sum(counts, 0, name="count")
     mean = ops.binary("RealDiv", ops.sum(ops.binary("MulNoNan", m, n), 0), total)
     deviation = ops.binary("MulNoNan", ops.binary("SquaredDifference", m, mean), n)

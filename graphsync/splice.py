@@ -33,9 +33,8 @@ def splice_layer(graph: tf.Graph, layer: LayerPlan, exchange) -> SpliceCount:
         for site in layer.sites:
             op = site.op
             with pristine_scope(graph, site.device, op.name + "_sync"), graph.control_dependencies(op.control_inputs):
-                upload, spread = fused.local_moments(graph, op, layer.layout.axes, exchange.ops)
-                uploads.append(upload)
-        statistics = exchange.moments(graph, layer, layer.sites, uploads, spread=spread)
+                uploads.append(fused.local_moments(graph, op))
+        statistics = exchange.moments(graph, layer, layer.sites, uploads, spread="bessel")
         for site, s in zip(layer.sites, statistics):
             _fused_forward(graph, layer, site, s, count)
         for k in range(len(layer.sites[0].grad_ops)):

@@ -40,12 +40,9 @@ import _common  # noqa: E402
 tf = _common.import_tf()
 tf1 = tf.compat.v1
 TOWERS = 4
-_cpus = tf.config.list_physical_devices("CPU")
-tf.config.set_logical_device_configuration(_cpus[0], [tf.config.LogicalDeviceConfiguration()] * TOWERS)
+SESSION_CONFIG = _common.logical_cpus(tf, TOWERS, allow_soft_placement=False)
 tf.config.threading.set_inter_op_parallelism_threads(2)
 tf.config.threading.set_intra_op_parallelism_threads(1)
-SESSION_CONFIG = tf1.ConfigProto(device_count={"CPU": TOWERS}, inter_op_parallelism_threads=2,
-                                 intra_op_parallelism_threads=1, allow_soft_placement=False)
 
 import numpy as np  # noqa: E402
 

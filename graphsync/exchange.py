@@ -150,13 +150,12 @@ class CollectiveKeys:
 
 
 def _key_of(op, name):
-    try:
+    """A collective's group or instance key: an attr (v1 ops) or a constant input (V2 ops)."""
+    if name in op.node_def.attr:
         return int(op.get_attr(name))
-    except (ValueError, TypeError):
-        index = [a.name for a in op.op_def.input_arg].index(name) if name in \
-            [a.name for a in op.op_def.input_arg] else None
-        value = tf.get_static_value(op.inputs[index]) if index is not None else None
-        return int(value) if value is not None else None
+    inputs = [arg.name for arg in op.op_def.input_arg]
+    value = tf.get_static_value(op.inputs[inputs.index(name)]) if name in inputs else None
+    return int(value) if value is not None else None
 
 
 _allreduce_keys = weakref.WeakKeyDictionary()   # graph → CollectiveKeys (for gradients built later)

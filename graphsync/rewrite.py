@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from graphsync import match, splice, tf_private
+from graphsync import splice, tf_private
 from graphsync.errors import GraphsyncError
 from graphsync.exchange import ProcessGroup, make_exchange
 from graphsync.plan import Plan, make_plan
@@ -55,12 +55,10 @@ def _check(plan: Plan) -> None:
     """After the splice nothing may still read an old op: it would keep running every step."""
     for layer in plan.layers:
         for site in layer.sites:
-            old = [site.op] + ([site.parts["variance"]] if layer.kind == "moments" else [])
-            for op in old:
-                if (op.outputs[0].consumers() if layer.kind == "moments" else match.is_live(op)):
-                    raise GraphsyncError(f"internal: {op.name} still has consumers after the rewrite")
             if layer.kind == "moments":
-                continue
-            for grad_op in site.grad_ops:
-                if any(t.consumers() for t in grad_op.outputs) or tf_private.control_outputs(grad_op):
-                    raise GraphsyncError(f"internal: {grad_op.name} still has consumers after the rewrite")
+                old = [(op, op.outputs[:1]) for op in (site.op, site.parts["variance"])]
+            else:   # the fused op's reserve spaces stay read by its (dead) gradient ops
+                old = [(site.op, site.op.outputs[:3])] + [(g, g.outputs) for g in site.grad_ops]
+            for op, outputs in old:
+                if any(t.consumers() for t in outputs) or tf_private.control_outputs(op):
+                    raise GraphsyncError(f"internal: {op.name} still has consumers after the rewrite")

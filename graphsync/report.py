@@ -31,6 +31,7 @@ class RewriteReport:
     strategy: str = "gather"
     groups: list = dataclasses.field(default_factory=list)
     process_group: tuple | None = None
+    fingerprints: list = dataclasses.field(default_factory=list)   # per layer, between-graph only
 
     @property
     def where(self) -> str:
@@ -61,6 +62,7 @@ class RewriteReport:
     def to_dict(self) -> dict:
         return {"summary": self.summary, "towers": self.towers, "device": self.device,
                 "strategy": self.strategy, "groups": self.groups, "process_group": self.process_group,
+                "fingerprints": self.fingerprints,
                 "layers": [dataclasses.asdict(l) for l in self.layers],
                 "skipped": [dataclasses.asdict(s) for s in self.skipped],
                 "edges_moved": self.edges_moved, "grad_ops_replaced": self.grad_ops_replaced}

@@ -1,5 +1,5 @@
 """The `graphsync` command line: one click group over the commands, each in its own module
-(cli/rewrite.py, cli/inspection.py, cli/verify.py) on the shared shell (cli/shell.py: one-line
+(cli/rewrite.py, cli/inspection.py, cli/verify.py, cli/run.py) on the shared shell (cli/shell.py: one-line
 errors and exit statuses, the quiet TensorFlow import, progress, shared options).
 
 The console script is `cli.main:main`; `python -m graphsync` runs the same group.
@@ -13,6 +13,7 @@ import click
 
 from cli.inspection import inspect
 from cli.rewrite import rewrite
+from cli.run import run
 from cli.shell import GraphsyncGroup
 from cli.verify import verify
 
@@ -31,6 +32,7 @@ def _version() -> str:
 @click.group("graphsync", cls=GraphsyncGroup, context_settings={"help_option_names": ["-h", "--help"]},
              epilog="""\b
 Examples:
+  graphsync run train.py --batch_size 64           # an unchanged script, synchronized
   graphsync inspect train.meta
   graphsync rewrite train.meta -o train_sync.meta
   graphsync rewrite frozen.pb -o frozen_sync.pb --towers 'gpu_\\d+/' --device /cpu:0
@@ -42,13 +44,14 @@ Run 'graphsync COMMAND --help' for a command's options.""")
 def main():
     """Synchronized batch norm for TF1-style multi-tower graphs, without touching model code.
 
-    Reads a saved graph (GraphDef .pb/.pbtxt, MetaGraphDef .meta, or a SavedModel directory),
-    makes every batch norm in every tower use the statistics of the whole multi-tower batch,
-    forward and backward, and writes the result in the same format.
+    Makes every batch norm in every tower use the statistics of the whole multi-tower batch,
+    forward and backward: in an unchanged training script as it runs (run), or in a saved graph
+    (GraphDef .pb/.pbtxt, MetaGraphDef .meta, or a SavedModel directory), written back in the
+    same format (rewrite).
     """
 
 
-for command in (rewrite, inspect, verify):
+for command in (rewrite, inspect, verify, run):
     main.add_command(command)
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import socket
 import time
+import weakref
 
 from graphsync.cluster import ClusterTask, device_of, task_name
 from graphsync.errors import GraphsyncError
@@ -27,6 +28,7 @@ HANDSHAKE_GROUP_KEY = (1 << 30) + 7      # clear of the synchronized layers' key
 HANDSHAKE_INSTANCE_KEY = (1 << 30) + 100
 MAX_COMPARED_LAYERS = 128                # beyond: compared through the digest of all layers only
 _handshakes = [0]                        # handshakes so far in this process (one key each)
+HANDSHAKE_GRAPHS = weakref.WeakSet()     # graphsync's own graphs: never rewritten (see between_graph)
 
 
 def wait_for_servers(task: ClusterTask, timeout: float, poll: float = 0.1) -> None:
@@ -67,6 +69,7 @@ def compare_layers(task: ClusterTask, target: str, fingerprints: list[str], time
     instance = HANDSHAKE_INSTANCE_KEY + _handshakes[0]
     _handshakes[0] += 1
     graph = tf.Graph()
+    HANDSHAKE_GRAPHS.add(graph)
     with graph.as_default(), tf.device(device_of(task.job, task.index) + "/device:CPU:0"):
         gathered = tf.raw_ops.CollectiveGatherV2(
             input=tf.constant(mine, tf.int64), group_size=tf.constant(task.tasks),

@@ -62,6 +62,13 @@ def session_base_class() -> type:
     return session.BaseSession
 
 
+def make_server_def(server_or_cluster_def, job_name, task_index, protocol, config):
+    """The tf.train.ServerDef that tf.distribute.Server(...) builds from its arguments."""
+    from tensorflow.python.training import server_lib  # pylint: disable=import-outside-toplevel
+    return server_lib._make_server_def(  # pylint: disable=protected-access
+        server_or_cluster_def, job_name, task_index, protocol, config)
+
+
 def create_op(graph: tf.Graph, op_type: str, inputs: list, attrs: dict, name: str) -> tf.Operation:
     """Creates an op without the Python argument inference of `tf.raw_ops` (about half the cost of
     each op a rewrite adds); attrs maps names to AttrValue protos and must be complete."""

@@ -83,7 +83,7 @@ class BetweenGraphSync(AutoSync):
         if task is None or not task.between_graph:
             return options
         if self.server_target is None:
-            self._say(f"warning: this is {task.description}, but the script started no tf.distribute.Server: "
+            self._say(f"warning: {task.description}, but the script started no tf.distribute.Server: "
                       "its graphs are synchronized within this process only")
             return options
         return dict(options, strategy="allreduce", process_group=task.process_group(self.peer_timeout))
@@ -95,8 +95,9 @@ class BetweenGraphSync(AutoSync):
         from graphsync import peers
         from graphsync.errors import GraphsyncError
         task = self.server_task
-        self._say(f"{task.description}: synchronizing with the other {task.tasks - 1} through collectives "
-                  f"(leader {task.leader}, peer timeout {self.peer_timeout:g} s)")
+        others = f"the other {task.tasks - 1} workers" if task.tasks > 2 else "the other worker"
+        self._say(f"{task.description}; its towers synchronize with {others} through collectives "
+                  f"(group leader {task.leader}, peer timeout {self.peer_timeout:g} s)")
         super().rewritten(graph, report)
         try:
             started = time.monotonic()

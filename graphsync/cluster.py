@@ -32,7 +32,7 @@ class ClusterTask:
     cluster: dict
     job: str
     index: int
-    source: str = "TF_CONFIG"
+    source: str = "TF_CONFIG"    # or "its tf.distribute.Server"
 
     @property
     def members(self) -> list[tuple[str, int]]:
@@ -71,10 +71,10 @@ class ClusterTask:
 
     @property
     def description(self) -> str:
-        """E.g. 'worker:1, process 2 of 3 (from TF_CONFIG)'."""
+        """E.g. 'worker:1 is process 2 of 3 (cluster from TF_CONFIG)'."""
         if self.rank is None:
-            return f"{self.name}, not a training task (from {self.source})"
-        return f"{self.name}, process {self.rank + 1} of {self.tasks} (from {self.source})"
+            return f"{self.name} is not a training task (cluster from {self.source})"
+        return f"{self.name} is process {self.rank + 1} of {self.tasks} (cluster from {self.source})"
 
 
 def task_name(job: str, index: int) -> str:
@@ -115,7 +115,7 @@ def from_server_def(server_def) -> ClusterTask:
     for job in server_def.cluster.job:
         tasks = dict(job.tasks)
         cluster[job.name] = [tasks[i] for i in sorted(tasks)]
-    return ClusterTask(cluster, server_def.job_name, server_def.task_index, "tf.distribute.Server")
+    return ClusterTask(cluster, server_def.job_name, server_def.task_index, "its tf.distribute.Server")
 
 
 def server_def_with_leader(server_def) -> ClusterTask:

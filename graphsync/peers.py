@@ -43,7 +43,7 @@ def wait_for_servers(task: ClusterTask, timeout: float, poll: float = 0.1) -> No
         if timeout and time.monotonic() - start >= timeout:
             missing = ", ".join(f"{task_name(job, i)} ({task.address(job, i)})" for job, i in waiting)
             raise GraphsyncError(
-                f"{missing} did not start within {timeout:g} s; this is {task.description}: start every "
+                f"{missing} did not start within {timeout:g} s ({task.description}): start every "
                 "worker of the cluster, or wait longer with --peer-timeout")
         time.sleep(poll)
 
@@ -83,8 +83,8 @@ def compare_layers(task: ClusterTask, target: str, fingerprints: list[str], time
     except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError, tf.errors.AbortedError) as exc:
         others = ", ".join(task_name(*m) for m in task.members if m != (task.job, task.index))
         raise GraphsyncError(
-            f"not every worker joined within {timeout:g} s ({type(exc).__name__}); this is "
-            f"{task.description}, waiting for {others}: their servers are up, but some did not reach "
+            f"not every worker joined within {timeout:g} s ({type(exc).__name__}; {task.description}, "
+            f"waiting for {others}): their servers are up, but some did not reach "
             "their first synchronized step: run every worker under graphsync (the same script and "
             "options), or wait longer with --peer-timeout") from None
     for row in sorted(rows.tolist(), key=lambda r: r[0]):
@@ -101,12 +101,10 @@ def _summary(rank: int, tasks: int, fingerprints: list[str]) -> list[int]:
 
 def _difference(task: ClusterTask, fingerprints: list[str], row: list[int]) -> str:
     other = task_name(*task.members[row[0]]) if 0 <= row[0] < task.tasks else f"process {row[0]}"
-    here = f"this process ({task.name}) {len(fingerprints)}"
     if row[1] != task.tasks:
         return f"{other} counts {row[1]} training processes, {task.name} {task.tasks}: give every worker the same cluster"
     first = next((i for i, f in enumerate(fingerprints[:MAX_COMPARED_LAYERS]) if digest(f) != row[4 + i]),
                  min(len(fingerprints), row[2], MAX_COMPARED_LAYERS))
-    where = f"; first difference at layer {first + 1}" + (
-        f", here {fingerprints[first]!r}" if first < len(fingerprints) else ", which this process does not have")
-    return (f"the workers built different batch-norm layers: {other} has {row[2]} synchronized layers, {here}"
-            f"{where}: run the same script and options on every worker")
+    here = f"here ({task.name}) {fingerprints[first]}" if first < len(fingerprints) else f"{task.name} has no such layer"
+    return (f"the workers built different batch-norm layers ({task.name}: {len(fingerprints)}, {other}: {row[2]}); "
+            f"the first that differs is layer {first + 1}, {here}: run the same script and options on every worker")

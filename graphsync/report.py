@@ -56,7 +56,8 @@ class RewriteReport:
             else "gradients not built yet"
         groups = f" in {len(self.groups)} groups of {len(self.groups[0])}" if len(self.groups) > 1 else ""
         layers = f"{len(self.layers)} layer{'s' if len(self.layers) != 1 else ''}"
-        return (f"{layers} × {len(self.towers)} towers synchronized{groups} {self.where}"
+        towers = f"{len(self.towers)} tower{'s' if len(self.towers) != 1 else ''}"
+        return (f"{layers} × {towers} synchronized{groups} {self.where}"
                 f" ({', '.join(kinds)}; {grads})")
 
     def to_dict(self) -> dict:

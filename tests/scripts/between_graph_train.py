@@ -15,6 +15,7 @@ batch. `reference(sizes, towers)` is that one-device run (the test calls it in i
 import argparse
 import json
 import os
+import warnings
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -24,6 +25,8 @@ import tensorflow as tf  # noqa: E402
 
 tf1 = tf.compat.v1
 tf1.disable_eager_execution()
+tf.get_logger().setLevel("ERROR")
+warnings.filterwarnings("ignore", category=UserWarning, message=".*is deprecated")
 
 IMAGE = (6, 6, 3)
 OUTPUTS = 5

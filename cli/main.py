@@ -29,6 +29,13 @@ def _version() -> str:
         return found.group(1) if found else "unknown"
 
 
+def _show_version(ctx, param, value):
+    """-V: looked up only when asked (importlib.metadata costs ~10 ms of every start, `graphsync run`'s too)."""
+    if value and not ctx.resilient_parsing:
+        click.echo(f"graphsync {_version()}")
+        ctx.exit()
+
+
 @click.group("graphsync", cls=GraphsyncGroup, context_settings={"help_option_names": ["-h", "--help"]},
              epilog="""\b
 Examples:
@@ -40,7 +47,8 @@ Examples:
   tensorboard --logdir /tmp/tb
 
 Run 'graphsync COMMAND --help' for a command's options.""")
-@click.version_option(_version(), "-V", "--version", prog_name="graphsync", message="%(prog)s %(version)s")
+@click.option("-V", "--version", is_flag=True, expose_value=False, is_eager=True, callback=_show_version,
+              help="Show the version and exit.")
 def main():
     """Synchronized batch norm for TF1-style multi-tower graphs, without touching model code.
 

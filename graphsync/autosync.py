@@ -3,7 +3,7 @@
 `graphsync run train.py` installs an AutoSync before the script starts. Once TensorFlow is
 imported (by the script, whenever it does), two entry points are patched:
 
-    BaseSession.__new__   every session class (Session, InteractiveSession, the sessions that
+    BaseSession.__init__  every session class (Session, InteractiveSession, the sessions that
                           MonitoredSession, Supervisor and SessionManager create) on its graph
     Graph.finalize        Supervisor and Scaffold freeze the graph before any session exists
 
@@ -142,19 +142,23 @@ class AutoSync:
         from graphsync import tf_private
         first_use = self.first_use
         session_class = tf_private.session_base_class()
-        original_finalize = tf.Graph.finalize
+        original_init, original_finalize = session_class.__init__, tf.Graph.finalize
 
-        def new_session(cls, *args, **kwargs):
+        def session_init(session, *args, **kwargs):
             graph = kwargs.get("graph", args[1] if len(args) > 1 else None)
-            first_use(graph if isinstance(graph, tf.Graph) else tf.compat.v1.get_default_graph())
-            return object.__new__(cls)
+            try:
+                first_use(graph if isinstance(graph, tf.Graph) else tf.compat.v1.get_default_graph())
+            except BaseException:
+                tf_private.disarm_unopened_session(session)   # its __del__ must not complain
+                raise
+            original_init(session, *args, **kwargs)
 
         def finalize(graph):
             if not graph.finalized:
                 first_use(graph)
             return original_finalize(graph)
 
-        return [(session_class, "__new__", staticmethod(new_session)), (tf.Graph, "finalize", finalize)]
+        return [(session_class, "__init__", session_init), (tf.Graph, "finalize", finalize)]
 
     def install(self) -> "AutoSync":
         """Patches TensorFlow now if it is imported, else as soon as it is."""

@@ -96,20 +96,14 @@ def test_each_worker_says_which_process_it_is(two_workers):
     assert not any("graphsync" in err for _, _, err, _, _ in plain)
 
 
-def test_three_uneven_workers_equal_one_device(tmp_path):
-    sizes = [2, 6, 3]
-    errors = errors_against_one_device(run_workers(tmp_path, 3, args=["--sizes", "2,6,3"]), sizes)
-    print("3 workers [2, 6, 3], synchronized:", errors)
-    assert max(errors.values()) < TOLERANCE, errors
-
-
-def test_several_towers_per_worker_all_synchronized_together(tmp_path):
-    """2 workers × 2 towers (in-graph inside, between-graph across): 4 towers, one batch."""
-    sizes = [1, 3, 4, 2]
-    results = run_workers(tmp_path, 2, args=["--sizes", "1,3,4,2", "--towers", "2"])
-    assert "2 layers × 2 towers synchronized" in results[0][2]
+def test_three_uneven_workers_of_two_towers_each_equal_one_device(tmp_path):
+    """3 workers × 2 towers (in-graph inside, between-graph across): 6 towers, one batch."""
+    sizes = [2, 1, 4, 3, 1, 5]
+    results = run_workers(tmp_path, 3, args=["--sizes", ",".join(map(str, sizes)), "--towers", "2"])
+    assert "graphsync: 2 layers × 2 towers synchronized by all-reduce on the towers' devices across 3 worker " \
+           "processes" in results[0][2], results[0][2]
     errors = errors_against_one_device(results, sizes)
-    print("2 workers × 2 towers [1, 3 | 4, 2], synchronized:", errors)
+    print("3 workers × 2 towers [2, 1 | 4, 3 | 1, 5], synchronized:", errors)
     assert max(errors.values()) < TOLERANCE, errors
 
 
@@ -160,15 +154,15 @@ def test_rewrite_process_group_prepares_a_saved_worker_graph_per_task(tmp_path):
                                         "across 2 worker processes"), result.stdout
     x, t = tl.data(sizes, (6, 6, 3), (5,))
     ref = tl.reference_step(models.resnetish(depth=2), sizes, x, t)
-    errors = {}
-    for variant, files in (("rewritten", saved), ("original", {0: meta, 1: meta})):
-        got = cl.between_graph_step(cl.cluster_spec({"worker": 2}), sizes, tmp_path / variant,
-                                    saved=[{"meta": files[i], "names": names} for i in (0, 1)])
-        errors[variant] = {
-            "output": tl.max_rel_error(np.concatenate([g["output"] for g in got]), ref["output"]),
-            "loss": tl.max_rel_error(np.concatenate([g["loss"] for g in got]), ref["loss"]),
-            "grads": tl.max_rel_error(got[0]["grads"] + got[1]["grads"], np.concatenate([g.ravel() for g in ref["grads"]])),
-            "moving": max(tl.max_rel_error(g["moving"], np.concatenate([m.ravel() for m in ref["moving"]])) for g in got)}
+    got = cl.between_graph_step(cl.cluster_spec({"worker": 2}), sizes, tmp_path, saved=[
+        {"metas": {"rewritten": saved[i], "original": meta}, "names": names} for i in (0, 1)])
+    errors = {variant: {
+        "output": tl.max_rel_error(np.concatenate([g[f"{variant}/output"] for g in got]), ref["output"]),
+        "loss": tl.max_rel_error(np.concatenate([g[f"{variant}/loss"] for g in got]), ref["loss"]),
+        "grads": tl.max_rel_error(got[0][f"{variant}/grads"] + got[1][f"{variant}/grads"],
+                                  np.concatenate([g.ravel() for g in ref["grads"]])),
+        "moving": max(tl.max_rel_error(g[f"{variant}/moving"], np.concatenate([m.ravel() for m in ref["moving"]]))
+                      for g in got)} for variant in ("rewritten", "original")}
     print("graphsync rewrite --process-group, 2 workers [3, 5]:", errors)
     assert max(errors["rewritten"].values()) < TOLERANCE, errors
     assert errors["original"]["output"] > 1e-3 and errors["original"]["grads"] > 1e-3, errors

@@ -144,6 +144,26 @@ def test_hook_with_singular_monitored_session_reports(one_device):
     assert max_rel_error(after, one_device) < SYNCED
 
 
+def test_a_graph_with_nothing_yet_is_looked_at_again_when_it_grew(one_device):
+    """A session opened before the towers exist leaves the graph undecided: the next session on
+    the grown graph synchronizes it, and an unchanged graph is not scanned again."""
+    import io
+    said = io.StringIO()
+    with graphsync.AutoSync(verbose=True, stream=said), tf.Graph().as_default():
+        tf1.Session(config=tower_model.CONFIG).close()
+        tf1.Session(config=tower_model.CONFIG).close()
+        train_op, feed = tower_model.build([3, 5])
+        variables = tower_model.model_variables()
+        with tf1.Session(config=tower_model.CONFIG) as sess:
+            sess.run(tf1.global_variables_initializer())
+            sess.run(train_op, feed)
+            after = sess.run(variables)
+    lines = said.getvalue().splitlines()
+    assert lines[0] == "graphsync: graph 1 left alone: nothing changed: no batch norm to synchronize (0 towers)"
+    assert lines[1].startswith("graphsync: 2 layers × 2 towers synchronized") and len(lines) == 5   # -v: + table
+    assert max_rel_error(after, one_device) < SYNCED
+
+
 # --------------------------------------------------------------------------------------------
 # A third-party trainer from the package index: tf_slim's learning.train over model_deploy clones
 

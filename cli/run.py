@@ -81,6 +81,11 @@ def run(module, towers, device, strategy, group_size, peer_timeout, report_path,
     (tf.compat.v1.Session, InteractiveSession, MonitoredTrainingSession, Supervisor …) or before
     it is finalized, whichever comes first; stderr gets one line per rewritten graph. Graphs
     without towers or without batch norm, and graphs the script rewrites itself, are left alone.
+
+    On a between-graph worker (its cluster and task from the tf.distribute.Server the script
+    creates, else from TF_CONFIG), the towers of every worker process are synchronized together
+    through cross-process collectives (--strategy is then allreduce), after a bounded wait for
+    the other workers (--peer-timeout).
     """
     if quiet and verbose:
         raise click.UsageError("choose -q or -v, not both")

@@ -43,7 +43,8 @@ def wait_for_servers(task: ClusterTask, timeout: float, poll: float = 0.1) -> No
         if timeout and time.monotonic() - start >= timeout:
             missing = ", ".join(f"{task_name(job, i)} ({task.address(job, i)})" for job, i in waiting)
             raise GraphsyncError(
-                f"{missing} did not start within {timeout:g} s ({task.description}): start every "
+                f"{missing} did not start within {timeout:g} s ({task.name} is process {task.rank + 1} of "
+                f"{task.tasks}): start every "
                 "worker of the cluster, or wait longer with --peer-timeout")
         time.sleep(poll)
 
@@ -83,8 +84,8 @@ def compare_layers(task: ClusterTask, target: str, fingerprints: list[str], time
     except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError, tf.errors.AbortedError) as exc:
         others = ", ".join(task_name(*m) for m in task.members if m != (task.job, task.index))
         raise GraphsyncError(
-            f"not every worker joined within {timeout:g} s ({type(exc).__name__}; {task.description}, "
-            f"waiting for {others}): their servers are up, but some did not reach "
+            f"not every worker joined within {timeout:g} s ({task.name} is process {task.rank + 1} of "
+            f"{task.tasks}, waiting for {others}): their servers are up, but some did not reach "
             "their first synchronized step: run every worker under graphsync (the same script and "
             "options), or wait longer with --peer-timeout") from None
     for row in sorted(rows.tolist(), key=lambda r: r[0]):

@@ -18,7 +18,6 @@ synchronized within itself only, as plain AutoSync does.
 from __future__ import annotations
 
 import os
-import time
 
 from graphsync.autosync import AutoSync
 
@@ -100,9 +99,6 @@ class BetweenGraphSync(AutoSync):
                   f"(group leader {task.leader}, peer timeout {self.peer_timeout:g} s)")
         super().rewritten(graph, report)
         try:
-            started = time.monotonic()
-            peers.wait_for_servers(task, self.peer_timeout)
-            left = max(self.peer_timeout - (time.monotonic() - started), 1.0) if self.peer_timeout else 0.0
-            peers.compare_layers(task, self.server_target, report.fingerprints, left)
+            peers.meet(task, self.server_target, report.fingerprints, self.peer_timeout)
         except GraphsyncError as exc:
             self.failed(graph, " ".join(str(exc).split()), fatal=True)

@@ -31,6 +31,14 @@ _handshakes = [0]                        # handshakes so far in this process (on
 HANDSHAKE_GRAPHS = weakref.WeakSet()     # graphsync's own graphs: never rewritten (see between_graph)
 
 
+def meet(task: ClusterTask, target: str, fingerprints: list[str], timeout: float) -> None:
+    """wait_for_servers, then compare_layers, within `timeout` seconds in all (0: wait forever)."""
+    started = time.monotonic()
+    wait_for_servers(task, timeout)
+    left = max(timeout - (time.monotonic() - started), 1.0) if timeout else 0.0
+    compare_layers(task, target, fingerprints, left, said=timeout)
+
+
 def wait_for_servers(task: ClusterTask, timeout: float, poll: float = 0.1) -> None:
     """Returns once every training task's address accepts a connection; raises GraphsyncError
     naming the tasks that did not within `timeout` seconds (0: wait forever)."""
@@ -58,10 +66,11 @@ def _listening(address: str) -> bool:
         return False
 
 
-def compare_layers(task: ClusterTask, target: str, fingerprints: list[str], timeout: float) -> None:
+def compare_layers(task: ClusterTask, target: str, fingerprints: list[str], timeout: float,
+                   said: float | None = None) -> None:
     """Gathers every worker's layer fingerprints (see graphsync.plan.fingerprints) through the
     server at `target`; raises GraphsyncError when a worker's differ from this one's, or when not
-    every worker joins within `timeout` seconds (0: wait forever)."""
+    every worker joins within `timeout` seconds (0: wait forever; `said`: the wait to name)."""
     import numpy as np
     import tensorflow as tf
 
@@ -84,7 +93,7 @@ def compare_layers(task: ClusterTask, target: str, fingerprints: list[str], time
     except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError, tf.errors.AbortedError) as exc:
         others = ", ".join(task_name(*m) for m in task.members if m != (task.job, task.index))
         raise GraphsyncError(
-            f"not every worker joined within {timeout:g} s ({task.name} is process {task.rank + 1} of "
+            f"not every worker joined within {said or timeout:g} s ({task.name} is process {task.rank + 1} of "
             f"{task.tasks}, waiting for {others}): their servers are up, but some did not reach "
             "their first synchronized step: run every worker under graphsync (the same script and "
             "options), or wait longer with --peer-timeout") from None

@@ -28,15 +28,19 @@ def tf_config(spec: dict, index: int, job: str = "worker") -> str:
     return json.dumps({"cluster": spec, "task": {"type": job, "index": index}})
 
 
-def run_workers(tmp_path, n, *, runner=GRAPHSYNC_RUN, args=(), per_worker=None, only=None, timeout=240):
-    """Starts n workers of one cluster on free loopback ports (or only those of `only`); returns
-    per started worker (index, return code, stderr, seconds, outputs or None). Always stopped."""
-    spec = cl.cluster_spec({"worker": n})
+def run_workers(tmp_path, n, *, runner=GRAPHSYNC_RUN, args=(), per_worker=None, timeout=240):
+    """Starts n workers of one cluster on free loopback ports; returns per worker (index, return
+    code, stderr, seconds, outputs or None). Always stopped."""
+    return run_workers_of(cl.cluster_spec({"worker": n}), range(n), runner, tmp_path, args, per_worker, timeout)
+
+
+def run_workers_of(spec, indices, runner, tmp_path, args=(), per_worker=None, timeout=240):
+    """run_workers for the workers `indices` of the cluster `spec`."""
     procs, results = {}, []
     env = cl.env_for_children()
     env.update(TF_CPP_MIN_LOG_LEVEL="3", PYTHONWARNINGS="ignore")
     try:
-        for i in (range(n) if only is None else only):
+        for i in indices:
             out = tmp_path / f"worker{i}.npz"
             argv = runner + [SCRIPT, str(out)] + list(args) + list((per_worker or {}).get(i, ()))
             procs[i] = (subprocess.Popen(argv, env=dict(env, TF_CONFIG=tf_config(spec, i)), stdout=subprocess.PIPE,
@@ -131,6 +135,26 @@ def test_a_missing_worker_is_one_line_within_the_wait():
                     "within 2 s (worker:0 is process 1 of 3): start every worker of the cluster, or wait longer "
                     "with --peer-timeout")
     assert 2.0 <= failed - said < 12.0
+
+
+def test_a_worker_whose_server_runs_but_never_joins_is_one_line_after_the_wait(tmp_path):
+    """Worker 1's server is up (a bare tf.distribute.Server), but nothing there runs a step."""
+    spec = cl.cluster_spec({"worker": 2})
+    server = subprocess.Popen([sys.executable, "-c", cl.SERVER, json.dumps([spec, "worker", 1, None])],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert "ready" in server.stdout.readline()
+        [(_, code, err, seconds, out)] = run_workers_of(spec, [0], GRAPHSYNC_RUN + ["--peer-timeout", "3"], tmp_path)
+    finally:
+        server.kill()
+        server.wait(timeout=30)
+    last = err.strip().splitlines()[-1]
+    print(f"worker that never joins: {last!r} ({seconds:.1f} s, whole process)")
+    assert code == 1 and out is None and "Traceback" not in err
+    assert last == ("graphsync: error: not every worker joined within 3 s (worker:0 is process 1 of 2, waiting for "
+                    "worker:1): their servers are up, but some did not reach their first synchronized step: run "
+                    "every worker under graphsync (the same script and options), or wait longer with --peer-timeout")
+    assert seconds < 60
 
 
 def test_workers_with_different_layers_stop_at_the_first_meeting(tmp_path):

@@ -216,7 +216,7 @@ class AutoSync:
             try:
                 tf.DeviceSpec.from_string(device)
             except (ValueError, TypeError) as exc:
-                raise ValueError(f"invalid --device {device!r}: {_one_line(exc)}") from None
+                raise ValueError(f"invalid device {device!r}: {_one_line(exc)}") from None
 
     def __enter__(self):
         return self.install()

@@ -215,6 +215,15 @@ def test_script_sees_what_python_gives_it(args, tmp_path):
         assert 'File "' + BEHAVIOUR + '", line' in ours.stderr and "runpy" not in ours.stderr
 
 
+def test_a_script_that_does_not_compile_fails_as_under_python(tmp_path):
+    script = tmp_path / "broken.py"
+    script.write_text('print("unclosed"\n')
+    python = _finish(_start([sys.executable, str(script)]))
+    ours = _finish(_start(_graphsync() + ["run", str(script)]))
+    assert (ours.returncode, ours.stdout, ours.stderr) == (python.returncode, python.stdout, python.stderr)
+    assert ours.returncode == 1 and ours.stderr.splitlines()[-1].startswith("SyntaxError:")
+
+
 def test_module_runs_like_python_m():
     args = ["-m", "behaviour", "--towers", "x"]
     python = _finish(_start([sys.executable] + args, cwd=SCRIPTS, stdin=""), "")

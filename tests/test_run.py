@@ -164,6 +164,33 @@ def test_a_graph_with_nothing_yet_is_looked_at_again_when_it_grew(one_device):
     assert max_rel_error(after, one_device) < SYNCED
 
 
+def test_options_for_decides_per_graph():
+    """The seam for subclasses: options_for(graph) → rewrite_towers' options, or None to leave it."""
+    class OnlyMarked(graphsync.AutoSync):
+        def options_for(self, graph):
+            return {"group_size": 2} if graph.get_collection("sync_me") else None
+
+    import io
+    with OnlyMarked(stream=io.StringIO()) as chooser:
+        graphs = []
+        for mark in (False, True):
+            with tf.Graph().as_default() as graph:
+                tower_model.build([2, 2])
+                if mark:
+                    graph.add_to_collection("sync_me", 1)
+                graph.finalize()
+                graphs.append(graph)
+    assert [r.groups for r in chooser.reports] == [[["tower_0", "tower_1"]]]
+    assert not any(op.name.startswith("graphsync/") for op in graphs[0].get_operations())
+
+
+def test_importing_graphsync_imports_no_tensorflow():
+    code = ("import sys, graphsync, graphsync.autosync, cli.main; graphsync.AutoSync().install(); "
+            "assert 'tensorflow' not in sys.modules, sorted(m for m in sys.modules if 'tensorflow' in m)")
+    done = _finish(_start([sys.executable, "-c", code]))
+    assert done.returncode == 0, done.stderr
+
+
 # --------------------------------------------------------------------------------------------
 # A third-party trainer from the package index: tf_slim's learning.train over model_deploy clones
 

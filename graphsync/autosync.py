@@ -152,7 +152,9 @@ class AutoSync:
         once TensorFlow is imported."""
         import tensorflow as tf
 
-        from graphsync import tf_private
+        # graphsync.rewrite registers graphsync's gradients, as `import graphsync` after TensorFlow
+        # does: a script that differentiates a graph rewritten earlier (a saved one) needs them
+        from graphsync import rewrite, tf_private  # noqa: F401
         first_use = self.first_use
         session_class = tf_private.session_base_class()
         original_init, original_finalize = session_class.__init__, tf.Graph.finalize
@@ -216,7 +218,7 @@ class AutoSync:
             try:
                 tf.DeviceSpec.from_string(device)
             except (ValueError, TypeError) as exc:
-                raise ValueError(f"invalid --device {device!r}: {_one_line(exc)}") from None
+                raise ValueError(f"invalid device {device!r}: {_one_line(exc)}") from None
 
     def __enter__(self):
         return self.install()

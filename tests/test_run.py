@@ -164,6 +164,33 @@ def test_a_graph_with_nothing_yet_is_looked_at_again_when_it_grew(one_device):
     assert max_rel_error(after, one_device) < SYNCED
 
 
+def test_options_for_decides_per_graph():
+    """The seam for subclasses: options_for(graph) → rewrite_towers' options, or None to leave it."""
+    class OnlyMarked(graphsync.AutoSync):
+        def options_for(self, graph):
+            return {"group_size": 2} if graph.get_collection("sync_me") else None
+
+    import io
+    with OnlyMarked(stream=io.StringIO()) as chooser:
+        graphs = []
+        for mark in (False, True):
+            with tf.Graph().as_default() as graph:
+                tower_model.build([2, 2])
+                if mark:
+                    graph.add_to_collection("sync_me", 1)
+                graph.finalize()
+                graphs.append(graph)
+    assert [r.groups for r in chooser.reports] == [[["tower_0", "tower_1"]]]
+    assert not any(op.name.startswith("graphsync/") for op in graphs[0].get_operations())
+
+
+def test_importing_graphsync_imports_no_tensorflow():
+    code = ("import sys, graphsync, graphsync.autosync, cli.main; graphsync.AutoSync().install(); "
+            "assert 'tensorflow' not in sys.modules, sorted(m for m in sys.modules if 'tensorflow' in m)")
+    done = _finish(_start([sys.executable, "-c", code]))
+    assert done.returncode == 0, done.stderr
+
+
 # --------------------------------------------------------------------------------------------
 # A third-party trainer from the package index: tf_slim's learning.train over model_deploy clones
 
@@ -213,6 +240,15 @@ def test_script_sees_what_python_gives_it(args, tmp_path):
     if args == ["raise"]:
         assert ours.stderr.splitlines()[-1] == "ValueError: raised by the script"
         assert 'File "' + BEHAVIOUR + '", line' in ours.stderr and "runpy" not in ours.stderr
+
+
+def test_a_script_that_does_not_compile_fails_as_under_python(tmp_path):
+    script = tmp_path / "broken.py"
+    script.write_text('print("unclosed"\n')
+    python = _finish(_start([sys.executable, str(script)]))
+    ours = _finish(_start(_graphsync() + ["run", str(script)]))
+    assert (ours.returncode, ours.stdout, ours.stderr) == (python.returncode, python.stdout, python.stderr)
+    assert ours.returncode == 1 and ours.stderr.splitlines()[-1].startswith("SyntaxError:")
 
 
 def test_module_runs_like_python_m():

@@ -87,7 +87,7 @@ def make_plan(graph: tf.Graph, towers=None, device: str | None = None, *, strate
         for layer in plan.layers:
             for members in plan.groups:
                 devices = [_canonical(layer.sites[i].device) for i in members]
-                if len(devices) > 1 and "" in devices or len(set(devices)) < len(devices):
+                if (len(devices) > 1 and "" in devices) or len(set(devices)) < len(devices):
                     raise GraphsyncError(
                         f"strategy='allreduce' needs every tower of a sync group on its own device, but "
                         f"{layer.sites[members[0]].op.name} and its peers sit on {sorted(set(devices))}: "

@@ -57,7 +57,7 @@ def run_workers_of(spec, indices, runner, tmp_path, args=(), per_worker=None, ti
     return results
 
 
-def errors_against_one_device(results, sizes, towers=1):
+def errors_against_one_device(results, sizes):
     """Max relative errors of what the workers computed together vs one device on the whole batch."""
     for i, code, err, _, _ in results:
         assert code == 0, f"worker {i}:\n{err[-3000:]}"

@@ -230,3 +230,29 @@ def test_rewrite_process_group_sets_the_collectives_timeout_and_refuses_bad_valu
                                                                 str(tmp_path / "x.meta")] + bad)
         assert result.exit_code == 2 and message in result.stderr and len(result.stderr.splitlines()) == 1, result.stderr
         assert not os.path.exists(tmp_path / "x.meta")
+
+
+def test_saved_worker_graphs_with_different_layers_time_out_instead_of_averaging(tmp_path):
+    """Without graphsync run's meeting, workers whose layers differ but whose statistics have the
+    same shapes (here: exponential_avg_factor) would average silently; their collectives' group keys
+    come from the layers' fingerprints, so they never pair, and fail after the timeout."""
+    import models
+    import tensorflow as tf
+    from click.testing import CliRunner
+
+    from cli.main import main
+    saved, names = [], None
+    for index, avg_factor in enumerate((None, 0.1)):
+        built = tl.build(models.resnetish(depth=2, avg_factor=avg_factor), [1], scope="", devices=[""])
+        meta = str(tmp_path / f"worker{index}.meta")
+        tf.compat.v1.train.export_meta_graph(meta, graph=built.graph)
+        names = {f: [t.name for t in getattr(built, f)] for f in ("inputs", "targets", "outputs", "losses", "grads")}
+        names.update(train_op=built.train_op.name, moving=[v.name for v in built.moving])
+        result = CliRunner().invoke(main, ["rewrite", meta, "--process-group", f"2:{index}", "--peer-timeout", "3",
+                                           "-o", meta + ".synced"], catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        saved.append({"metas": {"rewritten": meta + ".synced"}, "names": names})
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="Collective has timed out"):
+        cl.between_graph_step(cl.cluster_spec({"worker": 2}), [3, 5], tmp_path, saved=saved, timeout=120)
+    assert time.monotonic() - started < 60

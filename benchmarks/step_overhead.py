@@ -40,8 +40,9 @@ import _common  # noqa: E402
 tf = _common.import_tf()
 tf1 = tf.compat.v1
 TOWERS = 4
-SESSION_CONFIG = _common.logical_cpus(tf, TOWERS, allow_soft_placement=False)
-tf.config.threading.set_inter_op_parallelism_threads(2)
+INTER_OP = 8   # ≥ 2 per tower: the towers run concurrently, as on separate devices
+SESSION_CONFIG = _common.logical_cpus(tf, TOWERS, INTER_OP, allow_soft_placement=False)
+tf.config.threading.set_inter_op_parallelism_threads(INTER_OP)
 tf.config.threading.set_intra_op_parallelism_threads(1)
 
 import numpy as np  # noqa: E402
@@ -247,7 +248,7 @@ def run_model(arch, batch, rounds, steps, warmup, log, only, op_types=False):
             continue
         per_round = [a / b for a, b in zip(times[num], times[den])]
         ratios.append(dict(ratio=what, time=_common.median(per_round), lo=min(per_round), hi=max(per_round),
-                           memory=max(memory[num]) / max(memory[den])))
+                           memory=max(memory[num]) / max(memory[den]) if max(memory[den]) else float("nan")))
     return dict(arch=arch, layers=n_layers, batch=batch, rows=rows, ratios=ratios, times=times, memory=memory,
                 loss_agreement=agree, unsynced_vs_synced_loss=differs, breakdown=breakdown)
 
@@ -255,7 +256,7 @@ def run_model(arch, batch, rounds, steps, warmup, log, only, op_types=False):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=["resnet", "segnet"])
-    parser.add_argument("--batch", type=int, default=8, help="examples per tower")
+    parser.add_argument("--batch", type=int, help="examples per tower (default: 8; 2 for unet64)")
     parser.add_argument("--rounds", type=int, default=21)
     parser.add_argument("--steps", type=int, default=3, help="steps per variant per round")
     parser.add_argument("--warmup", type=int, default=2)
@@ -272,11 +273,11 @@ def main(argv=None):
     print(_common.header("Step overhead, 4 logical CPU devices", argv))
     results = []
     for arch in args.models:
-        res = run_model(arch, args.batch, args.rounds, args.steps, args.warmup, log, set(args.variants),
+        res = run_model(arch, args.batch or (2 if arch == "unet64" else 8), args.rounds, args.steps, args.warmup, log, set(args.variants),
                         args.op_types)
         results.append(res)
-        print(f"\n**{arch}** ({res['layers']} batch norms per tower, {TOWERS} towers × {args.batch} examples of "
-              f"32×32×3; median of {args.rounds} rounds × {args.steps} steps)\n")
+        print(f"\n**{arch}** ({res['layers']} batch norms per tower, {TOWERS} towers × {res['batch']} examples of "
+              f"{models.input_size(arch)}×{models.input_size(arch)}×3; median of {args.rounds} rounds × {args.steps} steps)\n")
         print(_common.table(res["rows"], [("variant", "variant"), ("step_ms", "step ms (median)"),
                                           ("min_ms", "min"), ("max_ms", "max"),
                                           ("peak_mb", "step peak MiB"), ("ops", "graph ops")]))

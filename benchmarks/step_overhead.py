@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import os
+import time
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -220,14 +221,16 @@ def run_model(arch, batch, rounds, steps, warmup, log, only, op_types=False):
         for _ in range(warmup):
             variants[name].step()
     times = {name: [] for name in names}
+    cpu = {name: [] for name in names}   # process CPU time per step: less disturbed by other jobs
     memory = {name: [] for name in names}
     for r in range(rounds):
         order = names[r % len(names):] + names[:r % len(names)]
         for name in order:
-            t0 = _common.now()
+            t0, c0 = _common.now(), time.process_time()
             for _ in range(steps):
                 variants[name].step()
             times[name].append((_common.now() - t0) / steps)
+            cpu[name].append((time.process_time() - c0) / steps)
         log(f"  {arch} round {r + 1}/{rounds}: " + ", ".join(f"{n} {1e3 * times[n][-1]:.0f}" for n in names))
     for _ in range(3):
         for name in names:
@@ -240,6 +243,7 @@ def run_model(arch, batch, rounds, steps, warmup, log, only, op_types=False):
     for name in names:
         rows.append(dict(variant=name, step_ms=1e3 * _common.median(times[name]),
                          min_ms=1e3 * min(times[name]), max_ms=1e3 * max(times[name]),
+                         cpu_ms=1e3 * _common.median(cpu[name]),
                          peak_mb=max(memory[name]) / 2**20,
                          ops=variants[name].built["ops"] if name in GRAPH_VARIANTS else ""))
     ratios = []
@@ -247,9 +251,12 @@ def run_model(arch, batch, rounds, steps, warmup, log, only, op_types=False):
         if num not in times or den not in times:
             continue
         per_round = [a / b for a, b in zip(times[num], times[den])]
+        cpu_ratio = _common.median([a / b for a, b in zip(cpu[num], cpu[den])])
         ratios.append(dict(ratio=what, time=_common.median(per_round), lo=min(per_round), hi=max(per_round),
+                           cpu=cpu_ratio,
                            memory=max(memory[num]) / max(memory[den]) if max(memory[den]) else float("nan")))
-    return dict(arch=arch, layers=n_layers, batch=batch, rows=rows, ratios=ratios, times=times, memory=memory,
+    return dict(arch=arch, layers=n_layers, batch=batch, rows=rows, ratios=ratios, times=times, cpu=cpu,
+                memory=memory,
                 loss_agreement=agree, unsynced_vs_synced_loss=differs, breakdown=breakdown)
 
 
@@ -280,10 +287,12 @@ def main(argv=None):
               f"{models.input_size(arch)}×{models.input_size(arch)}×3; median of {args.rounds} rounds × {args.steps} steps)\n")
         print(_common.table(res["rows"], [("variant", "variant"), ("step_ms", "step ms (median)"),
                                           ("min_ms", "min"), ("max_ms", "max"),
+                                          ("cpu_ms", "CPU ms / step (median)"),
                                           ("peak_mb", "step peak MiB"), ("ops", "graph ops")]))
         print()
         print(_common.table(res["ratios"], [("ratio", "ratio"), ("time", "step time (median of rounds)"),
-                                            ("lo", "min"), ("hi", "max"), ("memory", "peak memory")]))
+                                            ("lo", "min"), ("hi", "max"),
+                                            ("cpu", "CPU time (median of rounds)"), ("memory", "peak memory")]))
         print(f"\nSanity: initial tower losses, graphsync vs by-hand max |Δ| "
               f"{res['loss_agreement']['byhand']:.1e} (summed-gradient variant "
               f"{res['loss_agreement']['byhand-summed']:.1e}, graphsync on the moments model "

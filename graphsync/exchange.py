@@ -103,15 +103,16 @@ class Gather:
         out = [None] * len(sites)
         if not layer.has_gradients:  # count later tf.gradients calls, to warn about per-tower ones
             marked = []
-            for site, (n, mean, m2) in zip(sites, uploads):
+            for site, (n, mean, m2, *rest) in zip(sites, uploads):
                 with pristine_scope(graph, site.device, site.op.name + "_sync"), \
                         graph.gradient_override_map({"Identity": UPLOAD_GRADIENT}):
-                    marked.append((n, tf.identity(mean, name="upload_mean"), tf.identity(m2, name="upload_m2")))
+                    marked.append((n, tf.identity(mean, name="upload_mean"), tf.identity(m2, name="upload_m2"),
+                                   *rest))
             uploads = marked
         for g, members in enumerate(self.groups):
             with pristine_scope(graph, self.device, self._scope(layer, "forward", g)):
                 counts, total, mean, variance, bessel = stats.merge_moments(
-                    self.ops, *zip(*[uploads[i] for i in members]), spread=spread)
+                    self.ops, *zip(*[uploads[i] for i in members]), spread=spread, epsilon=layer.epsilon)
             for i, count in zip(members, counts):
                 out[i] = Synchronized(count, total, mean, variance, bessel)
         return out
@@ -222,7 +223,7 @@ class AllReduce:
 
     def moments(self, graph, layer, sites, uploads, spread="m2") -> list[Synchronized]:
         packed, counts = [], []
-        for site, (size, mean, m2) in zip(sites, uploads):
+        for site, (size, mean, m2, *_) in zip(sites, uploads):
             with pristine_scope(graph, site.device, site.op.name + "_sync/pack"):
                 n = tf.cast(size, tf.float64) / tf.cast(tf.size(mean), tf.float64)
                 mean64, m2_64 = tf.cast(mean, tf.float64), tf.cast(m2, tf.float64)
@@ -234,7 +235,7 @@ class AllReduce:
                 counts.append(n)
         reduced = self._reduce(graph, sites, packed, "forward")
         out = []
-        for site, (_, mean, _), vector, n in zip(sites, uploads, reduced, counts):
+        for site, (_, mean, *_), vector, n in zip(sites, uploads, reduced, counts):
             with pristine_scope(graph, site.device, site.op.name + "_sync/unpack"):
                 total = vector[0]
                 channels = (tf.size(vector) - 1) // 2

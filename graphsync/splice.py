@@ -33,7 +33,7 @@ def splice_layer(graph: tf.Graph, layer: LayerPlan, exchange) -> SpliceCount:
         for site in layer.sites:
             op = site.op
             with pristine_scope(graph, site.device, op.name + "_sync"), graph.control_dependencies(op.control_inputs):
-                uploads.append(fused.local_moments(graph, op))
+                uploads.append(fused.local_moments(graph, op, exchange.ops))
         statistics = exchange.moments(graph, layer, layer.sites, uploads, spread="bessel")
         for site, s in zip(layer.sites, statistics):
             _fused_forward(graph, layer, site, s, count)

@@ -40,14 +40,9 @@ def _attrs(x, epsilon, data_format, is_training, gradient=None, forward=True):
     return attrs
 
 
-def local_moments(graph, op: tf.Operation, ops, pack: bool = False):
-    """One tower's (size of x as int64, mean, Bessel-corrected variance, residual, packed) from the
-    kernel, by the original op's inputs (its mean/variance inputs are ignored in training mode).
-
-    packed (with `pack`, else None): [mean, variance, residual] as one [k, C] tensor, so that one
-    tensor per tower crosses devices instead of three (each transfer is a Send/Recv pair per step).
-    Without `pack` the gradients are built later, through the separate tensors; the residual then
-    stops gradients (see below).
+def local_moments(graph, op: tf.Operation, ops):
+    """One tower's (size of x as int64, mean, Bessel-corrected variance, residual) from the kernel,
+    by the original op's inputs (its mean/variance inputs are ignored in training mode, factor 1).
 
     The kernel's float32 mean m̂ is off by ~1e-7·|μ|; Chan's merge takes Σ(x − m̂) as 0, so that
     error enters the merged variance linearly (3e-4 at |μ|/σ = 1e4). The kernel runs with γ = 1,
@@ -69,16 +64,12 @@ def local_moments(graph, op: tf.Operation, ops, pack: bool = False):
     size = create_op(graph, "Size", [x], {"T": attr_value_pb2.AttrValue(type=x.dtype.as_datatype_enum),
                                           "out_type": attr_value_pb2.AttrValue(type=tf.int64.as_datatype_enum)},
                      "size")
-    mean, variance, residual, packed = stats.outputs[1], stats.outputs[2], None, None
+    residual = None
     if refine:
         rank = x.shape.rank
         channel_axis = 1 if data_format.startswith("NC") else rank - 1
         residual = ops.sum(stats.outputs[0], [a for a in range(rank) if a != channel_axis], name="residual")
-        if not pack:
-            residual = ops.unary("StopGradient", residual)
-    if pack:
-        packed = ops.stack([mean, variance] + ([residual] if residual is not None else []), name="upload")
-    return size.outputs[0], mean, variance, residual, packed
+    return size.outputs[0], stats.outputs[1], stats.outputs[2], residual
 
 
 def normalize(graph, x, scale, offset, mean, variance, epsilon, data_format):
@@ -93,23 +84,16 @@ def grad_sums(dy, x, scale, mean, variance, epsilon, data_format):
                      _attrs(x, epsilon, data_format, False, forward=False), "grad_sums").outputs[:3]
 
 
-def packed_sums(ops, grad_sums_outputs):
-    """[Σ g·x̂, Σ g] of one tower as one [2, C] tensor: one transfer each way instead of two."""
-    _, sum_dy_xhat, sum_dy = grad_sums_outputs
-    return ops.stack([sum_dy_xhat, sum_dy], name="grad_upload")
-
-
-def correction_coefficients(ops, scale, variance, epsilon, sums, total):
-    """[−γ·r·B/N, −γ·r·A/N] from the packed sums [B, A]: the scale and offset under which the
-    inference kernel computes the cross-tower part of ∂L/∂x. `ops` is a tf_private.FastOps."""
+def correction_coefficients(ops, scale, variance, epsilon, sum_dy, sum_dy_xhat, total):
+    """(−γ·r·B/N, −γ·r·A/N): the scale and offset under which the inference kernel computes the
+    cross-tower part of ∂L/∂x. `ops` is a tf_private.FastOps."""
     inv_std = ops.unary("Rsqrt", ops.binary("AddV2", variance, float(epsilon)))
     gain = ops.binary("RealDiv", ops.unary("Neg", ops.binary("Mul", scale, inv_std)), ops.cast(total, scale.dtype))
-    return ops.binary("Mul", gain, sums)
+    return ops.binary("Mul", gain, sum_dy_xhat), ops.binary("Mul", gain, sum_dy)
 
 
-def input_grad(ops, dx_local, x, mean, variance, epsilon, data_format, coefficients):
-    """∂L/∂x_t = γ·r·g − γ·r·(x̂·B + A)/N from γ·r·g and the packed coefficients."""
-    coefficients = ops.unstack(coefficients, 2)
+def input_grad(dx_local, x, mean, variance, epsilon, data_format, coefficients):
+    """∂L/∂x_t = γ·r·g − γ·r·(x̂·B + A)/N from γ·r·g and the correction's coefficients."""
     correction = create_op(x.graph, "FusedBatchNormV3", [x, coefficients[0], coefficients[1], mean, variance],
                            _attrs(x, epsilon, data_format, False, NORMALIZE_GRADIENT), "correction").outputs[0]
     return create_op(x.graph, "AddV2", [dx_local, correction],

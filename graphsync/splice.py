@@ -33,8 +33,7 @@ def splice_layer(graph: tf.Graph, layer: LayerPlan, exchange) -> SpliceCount:
         for site in layer.sites:
             op = site.op
             with pristine_scope(graph, site.device, op.name + "_sync"), graph.control_dependencies(op.control_inputs):
-                uploads.append(fused.local_moments(graph, op, exchange.ops,
-                                                   pack=layer.has_gradients and exchange.name == "gather"))
+                uploads.append(fused.local_moments(graph, op, exchange.ops))
         statistics = exchange.moments(graph, layer, layer.sites, uploads, spread="bessel")
         for site, s in zip(layer.sites, statistics):
             _fused_forward(graph, layer, site, s, count)
@@ -78,30 +77,29 @@ def _fused_forward(graph, layer: LayerPlan, site: Site, s: Synchronized, count: 
 
 def _fused_backward(graph, layer: LayerPlan, exchange, statistics, k: int, count: SpliceCount):
     """Replaces the k-th FusedBatchNormGrad of every tower by the synchronized backward."""
-    local, uploads = [], []
+    local = []
     for site, s in zip(layer.sites, statistics):
         grad_op = site.grad_ops[k]
         with pristine_scope(graph, grad_op.device or site.device, f"{site.op.name}_sync_grad_{k}"), \
                 graph.control_dependencies(grad_op.control_inputs):
             local.append(fused.grad_sums(grad_op.inputs[0], grad_op.inputs[1], grad_op.inputs[2], s.mean,
                                          s.variance, layer.epsilon, _data_format(site.op)))
-            uploads.append(fused.packed_sums(exchange.ops, local[-1]))
     scales = [site.grad_ops[k].inputs[2] for site in layer.sites]
     shared = fused.shared_variable(scales)
 
     def finish(totals, s, ops):
         """Once per group where the sums arrive when γ is shared; else per tower below."""
-        return [fused.correction_coefficients(ops, scales[0], s.variance, layer.epsilon, totals[0], s.total)] \
+        return list(fused.correction_coefficients(ops, scales[0], s.variance, layer.epsilon, *totals, s.total)) \
             if shared else totals
 
-    sums = exchange.sums(graph, layer, layer.sites, [[u] for u in uploads], f"backward_{k}",
+    sums = exchange.sums(graph, layer, layer.sites, [[a, b] for _, b, a in local], f"backward_{k}",
                          finish=finish, statistics=statistics)
     for site, s, (dx_local, grad_scale, grad_offset), totals in zip(layer.sites, statistics, local, sums):
         grad_op = site.grad_ops[k]
         with pristine_scope(graph, grad_op.device or site.device, f"{site.op.name}_sync_grad_{k}"):
-            coefficients = totals[0] if shared else fused.correction_coefficients(
-                exchange.ops, grad_op.inputs[2], s.variance, layer.epsilon, totals[0], s.total)
-            dx = fused.input_grad(exchange.ops, dx_local, grad_op.inputs[1], s.mean, s.variance, layer.epsilon,
+            coefficients = totals if shared else fused.correction_coefficients(
+                exchange.ops, grad_op.inputs[2], s.variance, layer.epsilon, *totals, s.total)
+            dx = fused.input_grad(dx_local, grad_op.inputs[1], s.mean, s.variance, layer.epsilon,
                                   _data_format(site.op), coefficients)
         count.edges += reroute_consumers(grad_op.outputs[0], dx)
         count.edges += reroute_consumers(grad_op.outputs[1], grad_scale)

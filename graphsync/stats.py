@@ -43,8 +43,7 @@ def local_moments(x: tf.Tensor, layout: Layout):
     return size, mean, m2
 
 
-def merge_moments(ops, sizes, means, spreads, residuals=None, packed=None, spread: str = "m2",
-                  epsilon: float = 0.0):
+def merge_moments(ops, sizes, means, spreads, residuals=None, spread: str = "m2", epsilon: float = 0.0):
     """Global (n per tower, N, μ, σ² biased, σ²·N/(N−1)) from every tower's (size, m, spread), in
     float64, the spread being M2 or the Bessel-corrected variance (what the fused kernel reports).
     μ and the variances come back in the towers' dtype; n_t = size_t / (number of statistics).
@@ -55,29 +54,22 @@ def merge_moments(ops, sizes, means, spreads, residuals=None, packed=None, sprea
     output with γ = 1, β = 0 and s² = v + ε (graphsync.fused.local_moments). With d = s·Σy/n the
     tower's true mean is m̂ + d and its M2 is Σ(x − m̂)² − n·d², corrected here in float64 for all
     towers at once: the float32 m̂ alone would put ~1e-7·|μ| per tower into Chan's between-tower term.
-    `packed` (when every tower gives one): each tower's [m, spread(, residual)] as one [k, C] tensor,
-    used instead of the separate tensors (one transfer per tower).
     """
     f64, dtype = tf.float64, means[0].dtype
     per_statistic = means[0].shape.num_elements() or ops.cast(tf.size(means[0]), f64)
     counts = ops.binary("RealDiv", ops.cast(ops.stack(sizes), f64), float(per_statistic)
                         if isinstance(per_statistic, int) else per_statistic)
     n = ops.reshape(counts, [-1] + [1] * means[0].shape.rank)
-    if packed is not None and all(p is not None for p in packed):
-        parts = ops.unstack(ops.cast(ops.stack(packed), f64), packed[0].shape[0], axis=1)
-        m, m2, residual = parts[0], parts[1], parts[2] if len(parts) == 3 else None
-    else:
-        m, m2 = ops.cast(ops.stack(means), f64), ops.cast(ops.stack(spreads), f64)
-        residual = ops.cast(ops.stack(residuals), f64) \
-            if residuals is not None and all(r is not None for r in residuals) else None
+    m = ops.cast(ops.stack(means), f64)
+    m2 = ops.cast(ops.stack(spreads), f64)
     if spread == "bessel":   # v·(n−1) = M2
         m2 = ops.binary("MulNoNan", m2, ops.unary("Relu", ops.binary("Sub", n, 1.0)))
     else:
         m2 = ops.binary("MulNoNan", m2, ops.binary("Minimum", n, 1.0))
-    if residual is not None:
+    if residuals is not None and all(r is not None for r in residuals):
         biased = ops.binary("DivNoNan", m2, n)
         shift = ops.binary("DivNoNan", ops.binary("MulNoNan", ops.unary("Sqrt", ops.binary("AddV2", biased, float(epsilon))),
-                                                  residual), n)
+                                                  ops.cast(ops.stack(residuals), f64)), n)
         m = ops.binary("AddV2", m, shift)
         m2 = ops.binary("Sub", m2, ops.binary("MulNoNan", ops.unary("Square", shift), n))
     total = ops.sum(counts, 0, name="count")

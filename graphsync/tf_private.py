@@ -111,9 +111,9 @@ class FastOps:
         return self._op("Pack", list(values), name, T=_type(values[0].dtype),
                         N=attr_value_pb2.AttrValue(i=len(values)), axis=attr_value_pb2.AttrValue(i=0))[0]
 
-    def unstack(self, value, num, axis=0):
+    def unstack(self, value, num):
         return self._op("Unpack", [value], None, T=_type(value.dtype), num=attr_value_pb2.AttrValue(i=num),
-                        axis=attr_value_pb2.AttrValue(i=axis))
+                        axis=attr_value_pb2.AttrValue(i=0))
 
     def sum(self, x, axis, name=None):
         return self._op("Sum", [x, self.constant(axis, tf.int32)], name, T=_type(x.dtype),

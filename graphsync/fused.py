@@ -55,7 +55,7 @@ def local_moments(graph, op: tf.Operation, ops):
     x = op.inputs[0]
     channels = op.inputs[1].shape.num_elements()
     refine = x.dtype == tf.float32 and channels is not None
-    scale, offset = (ops.constant([1.0] * channels, tf.float32), ops.constant([0.0] * channels, tf.float32)) \
+    scale, offset = (ops.constant(1.0, tf.float32, [channels]), ops.constant(0.0, tf.float32, [channels])) \
         if refine else (op.inputs[1], op.inputs[2])
     data_format = op.get_attr("data_format").decode()
     stats = create_op(graph, "FusedBatchNormV3", [x, scale, offset, op.inputs[3], op.inputs[4]],

@@ -76,15 +76,16 @@ class FastOps:
     def _op(self, op_type, inputs, name=None, **attrs):
         return create_op(self.graph, op_type, inputs, attrs, name or op_type).outputs
 
-    def constant(self, value, dtype):
-        """One constant per value, dtype and device for the whole rewrite: those of the
-        aggregation in graphsync/constants/, those of a tower in the scope that first needs them."""
-        key = (repr(value), tf.as_dtype(dtype).name, self._device())
+    def constant(self, value, dtype, shape=None):
+        """One constant per value, dtype, shape and device for the whole rewrite: those of the
+        aggregation in graphsync/constants/, those of a tower in the scope that first needs them.
+        With `shape`, a scalar value fills it (a splat: cheap to build whatever the size)."""
+        key = (repr(value), tf.as_dtype(dtype).name, shape and tuple(shape), self._device())
         if key not in self._constants:
             shared = self.graph.get_name_scope().startswith("graphsync/")
             with self.graph.control_dependencies(None), \
                     self.graph.name_scope("graphsync/constants/") if shared else contextlib.nullcontext():
-                self._constants[key] = tf.constant(value, dtype, name="constant")
+                self._constants[key] = tf.constant(value, dtype, shape=shape, name="constant")
         return self._constants[key]
 
     def _device(self) -> str:

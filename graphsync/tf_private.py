@@ -128,3 +128,12 @@ class FastOps:
             return self.unary("Identity", values[0], name)
         return self._op("AddN", list(values), name, T=_type(values[0].dtype),
                         N=attr_value_pb2.AttrValue(i=len(values)))[0]
+
+    def concat(self, values, name=None):
+        return self._op("ConcatV2", list(values) + [self.constant(0, tf.int32)], name, T=_type(values[0].dtype),
+                        N=attr_value_pb2.AttrValue(i=len(values)), Tidx=_type(tf.int32))[0]
+
+    def split(self, value, sizes, name=None):
+        """Splits along axis 0 into pieces of the given static sizes."""
+        return self._op("SplitV", [value, self.constant(list(sizes), tf.int32), self.constant(0, tf.int32)], name,
+                        T=_type(value.dtype), Tlen=_type(tf.int32), num_split=attr_value_pb2.AttrValue(i=len(sizes)))

@@ -11,9 +11,11 @@ float64) and sends the result back: the seed's hand-written layout, minus the ac
 `AllReduce` has no central device: each tower packs its statistics into one vector and runs one
 `CollectiveReduceV2` per layer and direction. The forward packs float64 [n, n·m, M2 + n·m²] (the
 count travels in the vector); in float64 the E[x²]-style cancellation costs ~1e-16·(μ/σ)²
-relative, below the float32 statistics' own rounding up to |μ|/σ ≈ 1e4. The backward stacks the
-towers' [a, b] and reduces them in their own dtype. Collectives span processes too (between-graph
-replication).
+relative, below the float32 statistics' own rounding up to |μ|/σ ≈ 1e4. Packing and unpacking
+are two small tf.functions traced once per process and called once per tower (one op each in
+the graph; TensorFlow inlines them before running, so a step runs the same kernels as if they
+were spelled out). The backward stacks the towers' [a, b] and reduces them in their own dtype.
+Collectives span processes too (between-graph replication).
 
 Rewritten before its gradients, a layer hands each tower its statistics through a *view*: one
 `IdentityN` per tower (μ, σ², σ²·N/(N−1), and the tower's own N, n, m, spread as pass-through
@@ -310,21 +312,32 @@ class AllReduce:
         return out
 
     def moments(self, graph, layer, sites, uploads, spread="m2") -> list[Synchronized]:
+        """Each tower packs, all-reduces and unpacks through two library functions (one call op
+        each); its statistics always reach it through a view, so gradients built later never
+        enter the calls."""
         packed, counts = [], []
         for site, (size, mean, local_spread) in zip(sites, uploads):
-            with pristine_scope(graph, site.device, site.op.name + "_sync/pack"):
-                vector, n = _pack_moments(self.ops, size, mean, local_spread, spread)
+            with pristine_scope(graph, site.device, site.op.name + "_sync"):
+                vector, n = self.ops.call(_library(_pack_moments, spread, [size, mean, local_spread]),
+                                          [size, mean, local_spread], "pack")
+            channels = mean.shape.num_elements()
+            vector.set_shape([1 + 2 * channels] if channels is not None else [None])
+            n.set_shape([])
             packed.append(vector)
             counts.append(n)
         out = []
-        for site, upload, (vector, peers, g, instance), n in zip(sites, uploads, self._reduce(graph, sites, packed, "forward"),
-                                                                 counts):
-            with pristine_scope(graph, site.device, site.op.name + "_sync/unpack"):
-                s = _unpack_moments(self.ops, vector, n, upload[1], spread, peers)
-            if not layer.has_gradients:
-                s = _view(graph, site, s, upload, spread, members=len(self.groups[g]) * self.scale,
-                          group_key=self.group_keys[g], instance_key=instance)
-            out.append(s)
+        reduced = self._reduce(graph, sites, packed, "forward")
+        for site, upload, (vector, peers, g, instance), n in zip(sites, uploads, reduced, counts):
+            like = upload[1]
+            with pristine_scope(graph, site.device, site.op.name + "_sync"), graph.control_dependencies(peers):
+                total, *moments = self.ops.call(_library(_unpack_moments, spread, [vector, like]), [vector, like],
+                                                "unpack")
+            total.set_shape([])
+            for t in moments:
+                t.set_shape(like.shape)
+            s = Synchronized(n, total, *moments) if spread == "bessel" else Synchronized(n, total, *moments, None)
+            out.append(_view(graph, site, s, upload, spread, members=len(self.groups[g]) * self.scale,
+                             group_key=self.group_keys[g], instance_key=instance))
         return out
 
     def sums(self, graph, layer, sites, values, tag, finish=None, statistics=None) -> list[list]:
@@ -357,47 +370,52 @@ class AllReduce:
         return out
 
 
-def _pack_moments(ops, size, mean, spread_value, spread):
-    """float64 [n, n·m, M2 + n·m²] of one tower (count first) and its n; M2 = v·(n − 1) for a
-    Bessel spread. MulNoNan: an empty tower's NaN statistics weigh nothing."""
-    f64 = tf.float64
-    per_statistic = mean.shape.num_elements()
-    n = ops.binary("RealDiv", ops.cast(size, f64),
-                   float(per_statistic) if per_statistic else ops.cast(tf.size(mean), f64))
-    flat = (lambda t: t) if mean.shape.rank == 1 else (lambda t: ops.reshape(t, [-1]))
-    m = ops.cast(flat(mean), f64)
-    v = ops.cast(flat(spread_value), f64)
-    weight = ops.unary("Relu", ops.binary("Sub", n, 1.0)) if spread == "bessel" else ops.binary("Minimum", n, 1.0)
-    weighted = ops.binary("MulNoNan", m, n)
-    second = ops.binary("AddV2", ops.binary("MulNoNan", v, weight), ops.binary("MulNoNan", m, weighted))
-    return ops.concat([ops.reshape(n, [1]), weighted, second]), n
+_traced = {}   # (body, spread, input dtypes) → ConcreteFunction, traced once per process
 
 
-def _unpack_moments(ops, vector, n, like, spread, peers) -> Synchronized:
-    """Synchronized statistics from an all-reduced [N, Σn·m, Σ(M2 + n·m²)], shaped like `like`;
-    the first op waits for `peers`."""
-    per_statistic = like.shape.num_elements()
-    with vector.graph.control_dependencies(peers):
-        if per_statistic:
-            count, sums, squares = ops.split(vector, [1, per_statistic, per_statistic])
-        else:
-            channels = tf.size(like, out_type=tf.int32)
-            count, sums, squares = tf.split(vector, tf.stack([1, channels, channels]), num=3)
-    total = ops.reshape(count, [])
-    mean = ops.binary("DivNoNan", sums, total)
-    variance = ops.unary("Relu", ops.binary("Sub", ops.binary("DivNoNan", squares, total), ops.unary("Square", mean)))
-    if like.shape.rank == 1:
-        shaped = lambda t: t  # noqa: E731
-    elif like.shape.is_fully_defined():
-        shaped = lambda t: ops.reshape(t, like.shape.as_list())  # noqa: E731
-    else:
-        shaped = lambda t: tf.reshape(t, tf.shape(like))  # noqa: E731
-    bessel = None
-    if spread == "bessel":
-        factor = ops.binary("RealDiv", total, ops.binary("Maximum", ops.binary("Sub", total, 1.0), 1.0))
-        bessel = ops.cast(shaped(ops.binary("Mul", variance, factor)), like.dtype, name="bessel_variance")
-    return Synchronized(n, total, ops.cast(shaped(mean), like.dtype, name="mean"),
-                        ops.cast(shaped(variance), like.dtype, name="variance"), bessel)
+def _library(body, spread: str, inputs):
+    """`body(spread)` as a tf.function traced for inputs of any shape with these dtypes, in a graph
+    of its own so that no device or scope of the caller leaks into its definition."""
+    key = (body.__name__, spread, tuple(t.dtype for t in inputs))
+    if key not in _traced:
+        with tf.Graph().as_default():
+            _traced[key] = tf.function(body(spread), input_signature=[tf.TensorSpec(None, t.dtype) for t in inputs],
+                                       autograph=False).get_concrete_function()
+    return _traced[key]
+
+
+def _pack_moments(spread):
+    def pack(size, mean, spread_value):
+        """float64 [n, n·m, M2 + n·m²] of one tower (count first) and its n; M2 = v·(n − 1) for a
+        Bessel spread. MulNoNan: an empty tower's NaN statistics weigh nothing."""
+        ops, f64 = FastOps(tf.compat.v1.get_default_graph()), tf.float64
+        m = ops.cast(ops.reshape(mean, [-1]), f64)
+        v = ops.cast(ops.reshape(spread_value, [-1]), f64)
+        n = ops.binary("RealDiv", ops.cast(size, f64), ops.cast(tf.size(m), f64))
+        weight = ops.unary("Relu", ops.binary("Sub", n, 1.0)) if spread == "bessel" else ops.binary("Minimum", n, 1.0)
+        weighted = ops.binary("MulNoNan", m, n)
+        second = ops.binary("AddV2", ops.binary("MulNoNan", v, weight), ops.binary("MulNoNan", m, weighted))
+        return ops.concat([ops.reshape(n, [1]), weighted, second]), n
+    return pack
+
+
+def _unpack_moments(spread):
+    def unpack(vector, like):
+        """(N, μ, σ² and, for a Bessel spread, σ²·N/(N−1)) from an all-reduced
+        [N, Σn·m, Σ(M2 + n·m²)], shaped like `like` and in its dtype."""
+        ops = FastOps(tf.compat.v1.get_default_graph())
+        channels = tf.size(like)
+        count, sums, squares = tf.split(vector, tf.stack([1, channels, channels]), num=3)
+        total = ops.reshape(count, [])
+        mean = ops.binary("DivNoNan", sums, total)
+        variance = ops.unary("Relu", ops.binary("Sub", ops.binary("DivNoNan", squares, total), ops.unary("Square", mean)))
+        out = [mean, variance]
+        if spread == "bessel":
+            out.append(ops.binary("Mul", variance, ops.binary(
+                "RealDiv", total, ops.binary("Maximum", ops.binary("Sub", total, 1.0), 1.0))))
+        shape = tf.shape(like)
+        return (total,) + tuple(ops.cast(tf.reshape(t, shape), like.dtype) for t in out)
+    return unpack
 
 
 def _shape_of(t: tf.Tensor):

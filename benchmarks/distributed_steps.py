@@ -8,7 +8,8 @@
       rewritten with strategy="allreduce", process_group=ProcessGroup(2, i)
 
 Graphs are built with tests/towerlib.py `build` (the CIFAR10 pattern: per-tower gradients, summed,
-tower 0's updates) around tests/models.py `resnetish`, and rewritten after the gradients exist. In (a)
+tower 0's updates) around tests/models.py `resnetish`, and rewritten after the gradients exist ((a) also
+times both strategies rewritten before the gradients, then one tf.gradients per tower). In (a)
 and (b) all variants live in one client process and are timed in alternating rounds; ratios are taken
 within a round, then the median. In (c) each worker alternates an unsynchronized and a synchronized
 graph of its own; one untimed synchronized step per round lines the two workers up.
@@ -49,14 +50,15 @@ def shape(args):
     return (args.size, args.size, 3)
 
 
-def build(args, batch_sizes, devices, strategy, *, device=None, process_group=None, scope="tower_%d"):
+def build(args, batch_sizes, devices, strategy, *, device=None, process_group=None, scope="tower_%d",
+          gradients="after"):
     reports = []
 
     def rewrite(graph):
         reports.append(graphsync.rewrite_towers(graph, strategy=strategy, device=device,
                                                 process_group=process_group))
     built = tl.build(model_fn(args), batch_sizes, devices=devices, scope=scope, input_shape=shape(args),
-                     rewrite=rewrite if strategy else None)
+                     rewrite=rewrite if strategy else None, gradients=gradients)
     return built, (reports[0] if reports else None)
 
 
@@ -103,6 +105,8 @@ def alternate(args, variants, target, config):
 
 
 def summarize(per_round, ops, reports):
+    """Per variant: step times, the median of its per-round ratios to the unsynchronized graph and,
+    for all-reduce variants, to the gather variant of the same rewrite order."""
     out = {}
     for name, times in per_round.items():
         ratios = [a / b for a, b in zip(times, per_round["unsynced"])]
@@ -110,12 +114,20 @@ def summarize(per_round, ops, reports):
                      "max_ms": 1e3 * max(times), "ratio": _common.median(ratios),
                      "ratio_min": min(ratios), "ratio_max": max(ratios), "ops": ops.get(name, ""),
                      "layers": len(reports[name].layers) if reports.get(name) else ""}
+        gather = per_round.get(name.replace("allreduce", "gather"))
+        if name.startswith("allreduce") and gather:
+            vs_gather = [a / b for a, b in zip(times, gather)]
+            out[name].update(vs_gather=_common.median(vs_gather), vs_gather_min=min(vs_gather),
+                             vs_gather_max=max(vs_gather))
     return out
 
 
 def setup_local(args):
+    """(a), plus both strategies rewritten before the gradients, then one tf.gradients per tower."""
     devices = [f"/cpu:{i}" for i in range(4)]
     variants = {v: build(args, [args.batch] * 4, devices, None if v == "unsynced" else v) for v in VARIANTS}
+    for v in VARIANTS[1:]:
+        variants[f"{v}, before gradients"] = build(args, [args.batch] * 4, devices, v, gradients="before")
     return alternate(args, variants, "", tl.CONFIG)
 
 
@@ -193,6 +205,7 @@ def setup_between_graph(args):
 
 COLUMNS = [("variant", "variant"), ("step_ms", "step ms (median)"), ("min_ms", "min"), ("max_ms", "max"),
            ("ratio", "÷ unsynced (median of rounds)"), ("ratio_min", "min"), ("ratio_max", "max"),
+           ("vs_gather", "allreduce ÷ gather (median of rounds)"), ("vs_gather_min", "min"), ("vs_gather_max", "max"),
            ("ops", "graph ops"), ("layers", "synced layers")]
 
 
@@ -219,7 +232,8 @@ def main(argv=None):
           f"gradients). {args.rounds} alternating rounds × {args.steps} timed steps after {args.warmup} warm-up "
           f"steps; a round's figure is the median of its steps.\n")
     results = {}
-    titles = {"local": "(a) 4 towers on 4 logical CPU devices, one process (inter-op 2, intra-op 1 threads)",
+    titles = {"local": "(a) 4 towers on 4 logical CPU devices, one process (inter-op 2, intra-op 1 threads); "
+                       "also rewritten before the gradients, then one tf.gradients per tower",
               "in-graph": "(b) in-graph replication over 2 server processes (tower i on /job:worker/task:i; "
                           "gather on /job:worker/task:0/cpu:0; client session on task 0)",
               "between-graph": "(c) between-graph replication: 2 worker processes, one tower each, "

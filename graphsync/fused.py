@@ -23,6 +23,9 @@ from tensorflow.core.framework import attr_value_pb2
 
 from graphsync.tf_private import create_op
 
+# False: upload the kernel's float32 statistics as they are (benchmarks/step_overhead.py measures
+# what the residual costs by building one variant so; see local_moments).
+REFINE_LOCAL_MOMENTS = True
 LOCAL_MOMENTS_GRADIENT = "GraphsyncFusedLocalMoments"   # also how match.py recognizes graphsync's ops
 NORMALIZE_GRADIENT = "GraphsyncFusedNormalize"
 
@@ -54,7 +57,7 @@ def local_moments(graph, op: tf.Operation, ops):
     """
     x = op.inputs[0]
     channels = op.inputs[1].shape.num_elements()
-    refine = x.dtype == tf.float32 and channels is not None
+    refine = REFINE_LOCAL_MOMENTS and x.dtype == tf.float32 and channels is not None
     scale, offset = (ops.constant(1.0, tf.float32, [channels]), ops.constant(0.0, tf.float32, [channels])) \
         if refine else (op.inputs[1], op.inputs[2])
     data_format = op.get_attr("data_format").decode()

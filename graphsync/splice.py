@@ -126,18 +126,19 @@ def _moments_forward(graph, layer: LayerPlan, site: Site, s: Synchronized, count
 
 
 def _moments_backward(graph, layer: LayerPlan, exchange, statistics, k: int, count: SpliceCount):
-    """The gradients arriving at every tower's mean (and variance) are summed across towers; each
-    tower's Mean gradient then receives n_t/N of the sum, so it hands Σ_s g_s / N to its x: the
-    gradient of the global moments. Together with the forward's global StopGradient this is the
-    exact gradient of the concatenated batch."""
+    """The gradients arriving at every tower's mean (and variance) are summed across towers, both
+    in one exchange; each tower's Mean gradient then receives n_t/N of the sum, so it hands
+    Σ_s g_s / N to its x: the gradient of the global moments. Together with the forward's global
+    StopGradient this is the exact gradient of the concatenated batch."""
     grads = [site.grad_ops[k] for site in layer.sites]
-    for which in ("mean", "variance"):
-        arriving = [getattr(g, which) for g in grads]
-        if all(a is None for a in arriving):
-            continue
-        totals = exchange.sums(graph, layer, layer.sites, [[a] for a in arriving], f"backward_{k}_{which}")
-        for site, g, a, s, (total,) in zip(layer.sites, grads, arriving, statistics, totals):
+    which = [w for w in ("mean", "variance") if any(getattr(g, w) is not None for g in grads)]
+    if not which:
+        return
+    totals = exchange.sums(graph, layer, layer.sites, [[getattr(g, w) for w in which] for g in grads],
+                           f"backward_{k}")
+    for site, g, s, tower_totals in zip(layer.sites, grads, statistics, totals):
+        for w, total in zip(which, tower_totals):
             with pristine_scope(graph, site.device, f"{site.op.name}_sync_grad_{k}"):
-                shared = tf.identity(stats.share(total, s.count, s.total), name=f"grad_{which}")
-            count.edges += reroute_consumers(a, shared, only=getattr(g, f"{which}_readers"))
-        count.grads_replaced += len(grads)
+                shared = tf.identity(stats.share(total, s.count, s.total), name=f"grad_{w}")
+            count.edges += reroute_consumers(getattr(g, w), shared, only=getattr(g, f"{w}_readers"))
+    count.grads_replaced += len(grads) * len(which)

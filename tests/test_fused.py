@@ -137,10 +137,9 @@ def test_five_dimensional_input_and_ref_variables():
     assert unsynced["output"] > UNSYNCED_MIN_ERROR
 
 
-def test_per_tower_gradients_after_a_forward_rewrite_warn_with_the_remedy():
-    with pytest.warns(graphsync.GraphsyncWarning, match="call graphsync.rewrite_towers.. after building"):
-        tl.build(MODELS["raw-v3"], [2, 2], gradients="before", rewrite=graphsync.rewrite_towers)
-    for gradients in ("before-sum", "after"):
+def test_no_rewrite_order_warns():
+    """Per-tower tf.gradients after a forward rewrite stay linear (tests/test_before_gradients.py)."""
+    for gradients in ("before", "before-sum", "after"):
         with warnings.catch_warnings():
             warnings.simplefilter("error", graphsync.GraphsyncWarning)
             tl.build(MODELS["raw-v3"], [2, 2], gradients=gradients, rewrite=graphsync.rewrite_towers)

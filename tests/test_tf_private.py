@@ -65,3 +65,17 @@ def test_create_op_and_fast_ops_match_the_public_ops():
         assert ops.constant(2.0, tf.float32) is ops.constant(2.0, tf.float32)   # cached
     for g, w in zip(*_run(graph, (got, want))):
         np.testing.assert_array_equal(g, w)
+
+
+def test_fast_ops_call_runs_a_traced_function_inlined_on_the_callers_device():
+    with tf.Graph().as_default():
+        function = tf.function(lambda a: (tf.cast(a, tf.float64) * 2.0, tf.size(a)),
+                               input_signature=[tf.TensorSpec(None, tf.float32)], autograph=False).get_concrete_function()
+    graph = tf.Graph()
+    with graph.as_default(), tf.device("/cpu:0"):
+        ops = tf_private.FastOps(graph)
+        x = tf.constant([1.0, 2.0, 3.0])
+        doubled, size = ops.call(function, [x], "double")
+        again = ops.call(function, [x], "again")[0]
+    assert doubled.op.type == "PartitionedCall" and doubled.dtype == tf.float64
+    np.testing.assert_array_equal(_run(graph, [doubled, size, again])[0], [2.0, 4.0, 6.0])

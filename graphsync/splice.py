@@ -87,13 +87,14 @@ def _fused_backward(graph, layer: LayerPlan, exchange, statistics, k: int, count
     scales = [site.grad_ops[k].inputs[2] for site in layer.sites]
     shared = fused.shared_variable(scales)
 
-    def finish(totals, s, ops):
-        """Once per group where the sums arrive when γ is shared; else per tower below."""
-        return list(fused.correction_coefficients(ops, scales[0], s.variance, layer.epsilon, *totals, s.total)) \
+    def finish(totals, i, ops):
+        """Where the sums arrive (once per group when gathered) when γ is shared, with tower i's
+        own read of it; else per tower below."""
+        s = statistics[i]
+        return list(fused.correction_coefficients(ops, scales[i], s.variance, layer.epsilon, *totals, s.total)) \
             if shared else totals
 
-    sums = exchange.sums(graph, layer, layer.sites, [[a, b] for _, b, a in local], f"backward_{k}",
-                         finish=finish, statistics=statistics)
+    sums = exchange.sums(graph, layer, layer.sites, [[a, b] for _, b, a in local], f"backward_{k}", finish=finish)
     for site, s, (dx_local, grad_scale, grad_offset), totals in zip(layer.sites, statistics, local, sums):
         grad_op = site.grad_ops[k]
         with pristine_scope(graph, grad_op.device or site.device, f"{site.op.name}_sync_grad_{k}"):

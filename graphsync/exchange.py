@@ -90,7 +90,7 @@ def _view(graph, site, s: Synchronized, upload, spread: str, factor=None, **keys
     group_key and instance_key (all-reduce). With `factor` (N/(N−1), a scalar) the tower's
     Bessel-corrected variance is σ²·factor, computed on the tower only when something reads it,
     its gradient reaching σ² through the Mul."""
-    size, local_mean, local_spread = upload
+    size, local_mean, local_spread, *_ = upload   # fused uploads may carry more (stats.merge_moments)
     inputs = [s.mean, s.variance, s.total, size, local_mean, local_spread]   # only μ, σ², N cross devices
     attrs = {"T": attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(
                  type=[t.dtype.as_datatype_enum for t in inputs])),
@@ -332,7 +332,7 @@ class AllReduce:
         each); its statistics always reach it through a view, so gradients built later never
         enter the calls."""
         packed, counts = [], []
-        for site, (size, mean, local_spread) in zip(sites, uploads):
+        for site, (size, mean, local_spread, *_) in zip(sites, uploads):
             with pristine_scope(graph, site.device, site.op.name + "_sync"):
                 vector, n = self.ops.call(_library(_pack_moments, spread, [size, mean, local_spread]),
                                           [size, mean, local_spread], "pack")

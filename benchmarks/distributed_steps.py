@@ -78,8 +78,10 @@ def time_steps(sess, built, feed, steps):
     return times
 
 
-def alternate(args, variants, target, config):
-    """variants: name -> (built, report); every variant in its own session, timed in alternating rounds."""
+def alternate(args, variants, target, config, cpu=False):
+    """variants: name -> (built, report); every variant in its own session, timed in alternating rounds.
+    cpu: also this process's CPU time per step (all devices in-process: the work a step costs,
+    less disturbed than wall-clock time by other jobs on a shared machine)."""
     sizes = None
     sessions, feeds, ops = {}, {}, {}
     try:
@@ -93,20 +95,24 @@ def alternate(args, variants, target, config):
             ops[name] = len(built.graph.get_operations())
             time_steps(sess, built, feeds[name], args.warmup)
         per_round = {name: [] for name in variants}
+        cpu_round = {name: [] for name in variants}
         for r in range(args.rounds):
             order = list(variants) if r % 2 == 0 else list(reversed(variants))
             for name in order:
+                start = time.process_time()
                 per_round[name].append(_common.median(time_steps(sessions[name], variants[name][0],
                                                                  feeds[name], args.steps)))
+                cpu_round[name].append((time.process_time() - start) / args.steps)
     finally:
         for sess in sessions.values():
             sess.close()
-    return summarize(per_round, ops, {n: v[1] for n, v in variants.items()})
+    return summarize(per_round, ops, {n: v[1] for n, v in variants.items()}, cpu_round if cpu else None)
 
 
-def summarize(per_round, ops, reports):
+def summarize(per_round, ops, reports, cpu_round=None):
     """Per variant: step times, the median of its per-round ratios to the unsynchronized graph and,
-    for all-reduce variants, to the gather variant of the same rewrite order."""
+    for all-reduce variants, to the gather variant of the same rewrite order (likewise for CPU
+    time per step when measured)."""
     out = {}
     for name, times in per_round.items():
         ratios = [a / b for a, b in zip(times, per_round["unsynced"])]
@@ -119,6 +125,13 @@ def summarize(per_round, ops, reports):
             vs_gather = [a / b for a, b in zip(times, gather)]
             out[name].update(vs_gather=_common.median(vs_gather), vs_gather_min=min(vs_gather),
                              vs_gather_max=max(vs_gather))
+        if cpu_round:
+            cpu = cpu_round[name]
+            out[name].update(cpu_ms=1e3 * _common.median(cpu),
+                             cpu_ratio=_common.median([a / b for a, b in zip(cpu, cpu_round["unsynced"])]))
+            if name.startswith("allreduce") and gather:
+                base = cpu_round[name.replace("allreduce", "gather")]
+                out[name]["cpu_vs_gather"] = _common.median([a / b for a, b in zip(cpu, base)])
     return out
 
 
@@ -128,7 +141,7 @@ def setup_local(args):
     variants = {v: build(args, [args.batch] * 4, devices, None if v == "unsynced" else v) for v in VARIANTS}
     for v in VARIANTS[1:]:
         variants[f"{v}, before gradients"] = build(args, [args.batch] * 4, devices, v, gradients="before")
-    return alternate(args, variants, "", tl.CONFIG)
+    return alternate(args, variants, "", tl.CONFIG, cpu=True)
 
 
 def setup_in_graph(args):
@@ -206,6 +219,7 @@ def setup_between_graph(args):
 COLUMNS = [("variant", "variant"), ("step_ms", "step ms (median)"), ("min_ms", "min"), ("max_ms", "max"),
            ("ratio", "÷ unsynced (median of rounds)"), ("ratio_min", "min"), ("ratio_max", "max"),
            ("vs_gather", "allreduce ÷ gather (median of rounds)"), ("vs_gather_min", "min"), ("vs_gather_max", "max"),
+           ("cpu_ms", "CPU ms / step"), ("cpu_ratio", "CPU ÷ unsynced"), ("cpu_vs_gather", "CPU allreduce ÷ gather"),
            ("ops", "graph ops"), ("layers", "synced layers")]
 
 

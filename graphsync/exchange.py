@@ -18,11 +18,11 @@ were spelled out). The backward stacks the towers' [a, b] and reduces them in th
 Collectives span processes too (between-graph replication).
 
 Rewritten before its gradients, a layer hands each tower its statistics through a *view*: one
-`IdentityN` per tower (μ, σ², σ²·N/(N−1), and the tower's own N, n, m, spread as pass-through
-inputs) whose gradient sums the towers' gradients at run time — gather: one `AddN` on the
+`IdentityN` per tower (μ, σ², N, and the tower's own size, m, spread as pass-through inputs) whose gradient sums the towers' gradients at run time — gather: one `AddN` on the
 aggregation device whose inputs each tower's tf.gradients call fills in; all-reduce: one
-collective — and returns the gradient of the tower's own (m, spread). The merge itself is never
-differentiated, so each tower's tf.gradients stays inside its tower plus one exchange per layer:
+collective — and returns the gradient of the tower's own (m, spread); a fused layer's normalization
+carries its tower's whole synchronized backward instead and exchanges its (a, b) the same way
+(`summed_gradient`, graphsync/splice.py). The merge itself is never differentiated, so each tower's tf.gradients stays inside its tower plus one exchange per layer:
 one call per tower or one over the summed losses, the ops added per tower do not grow with the
 number of towers. The gradient each tower receives is that of the sum of all towers' losses (as
 after a rewrite of built gradients), so every tower's loss must be differentiated; a gathered sum
@@ -84,13 +84,14 @@ _times_differentiated = weakref.WeakKeyDictionary()   # graph → Counter(op nam
 _gathered_gradients = weakref.WeakKeyDictionary()     # graph → {(merged μ, k): AddN being filled}
 
 
-def _view(graph, site, s: Synchronized, upload, spread: str, **keys) -> Synchronized:
+def _view(graph, site, s: Synchronized, upload, spread: str, factor=None, **keys) -> Synchronized:
     """Tower `site`'s statistics through an IdentityN whose gradient is `_view_gradient`; `keys`
     (ints) say how its gradient finds the other towers: members and member (gather), or members,
-    group_key and instance_key (all-reduce)."""
-    _, local_mean, local_spread, *_ = upload   # fused uploads also carry a residual (stats.merge_moments)
-    inputs = [s.mean, s.variance, s.bessel if s.bessel is not None else s.variance, s.total, s.count,
-              local_mean, local_spread]
+    group_key and instance_key (all-reduce). With `factor` (N/(N−1), a scalar) the tower's
+    Bessel-corrected variance is σ²·factor, computed on the tower only when something reads it,
+    its gradient reaching σ² through the Mul."""
+    size, local_mean, local_spread, *_ = upload   # fused uploads may carry more (stats.merge_moments)
+    inputs = [s.mean, s.variance, s.total, size, local_mean, local_spread]   # only μ, σ², N cross devices
     attrs = {"T": attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(
                  type=[t.dtype.as_datatype_enum for t in inputs])),
              "_gradient_op_type": attr_value_pb2.AttrValue(s=VIEW_GRADIENT.encode()),
@@ -98,10 +99,13 @@ def _view(graph, site, s: Synchronized, upload, spread: str, **keys) -> Synchron
     attrs.update({f"_graphsync_{name}": attr_value_pb2.AttrValue(i=int(value)) for name, value in keys.items()})
     with pristine_scope(graph, site.device, site.op.name + "_sync"):
         view = create_op(graph, "IdentityN", inputs, attrs, "statistics")
-    return Synchronized(s.count, s.total, *view.outputs[:3])
+        bessel = None if factor is None else create_op(
+            graph, "Mul", [view.outputs[1], factor], {"T": attr_value_pb2.AttrValue(
+                type=factor.dtype.as_datatype_enum)}, "bessel_variance").outputs[0]
+    return Synchronized(s.count, s.total, view.outputs[0], view.outputs[1], bessel)
 
 
-def _differentiation(op) -> int:
+def differentiation(op) -> int:
     """How many earlier tf.gradients calls went through `op`: the k-th call of every tower pairs
     with the k-th call of the others."""
     seen = _times_differentiated.setdefault(op.graph, collections.Counter())
@@ -111,31 +115,31 @@ def _differentiation(op) -> int:
 
 
 @tf.RegisterGradient(VIEW_GRADIENT)
-def _view_gradient(op, d_mean, d_variance, d_bessel, *_unused):
-    """With D_μ, D_σ² the towers' summed gradients at μ and σ² (σ²·N/(N−1) counted into σ²):
+def _view_gradient(op, d_mean, d_variance, *_unused):
+    """With D_μ, D_σ² the towers' summed gradients at μ and σ²:
     ∂/∂m_t = n_t/N·(D_μ + 2·(m_t − μ)·D_σ²),  ∂/∂M2_t = D_σ²/N  (Chan's merge differentiated;
     Σ n_s·(m_s − μ) = 0 drops the path through μ), M2_t = v_t·(n_t − 1) for a Bessel spread."""
     graph = op.graph
-    mean, _, _, total, count, local_mean, _ = op.inputs
-    k = _differentiation(op)
+    mean, _, total, size, local_mean, _ = op.inputs
+    k = differentiation(op)
     with pristine_scope(graph, op.device, graph.get_name_scope()):
         dtype = mean.dtype
+        count = tf.cast(size, tf.float64) / tf.cast(tf.size(local_mean), tf.float64)
         d_mean = tf.zeros_like(mean) if d_mean is None else d_mean
         d_variance = tf.zeros_like(mean) if d_variance is None else d_variance
-        if d_bessel is not None:
-            d_variance = d_variance + d_bessel * tf.cast(total / tf.maximum(total - 1.0, 1.0), dtype)
-        summed = _summed_gradient(op, tf.stack([d_mean, d_variance]), k)
+        summed = summed_gradient(op, tf.stack([d_mean, d_variance]), k)
         sum_mean, sum_variance = tf.unstack(summed)
         share = tf.cast(tf.math.divide_no_nan(count, total), dtype)
         d_local_mean = tf.math.multiply_no_nan(sum_mean + 2.0 * (local_mean - mean) * sum_variance, share)
         bessel = op.get_attr("_graphsync_spread") == b"bessel"
         weight = tf.nn.relu(count - 1.0) if bessel else tf.minimum(count, 1.0)
         d_local_spread = sum_variance * tf.cast(tf.math.divide_no_nan(weight, total), dtype)
-    return [None] * 5 + [d_local_mean, d_local_spread]
+    return [None] * 4 + [d_local_mean, d_local_spread]
 
 
-def _summed_gradient(op, contribution, k):
-    """Σ over the towers of the sync group of their k-th `contribution`, at run time."""
+def summed_gradient(op, contribution, k):
+    """Σ over the towers of the sync group of view `op` of their `contribution` to the gradient
+    call `k` (the k-th differentiation, or any key that pairs the towers' calls), at run time."""
     graph = op.graph
     if "_graphsync_group_key" in op.node_def.attr:
         members, group_key, forward_key = (op.get_attr(f"_graphsync_{name}")
@@ -153,7 +157,7 @@ def _summed_gradient(op, contribution, k):
             table[(merged.name, k)] = create_op(
                 graph, "AddN", [missing] * members,
                 {"T": attr_value_pb2.AttrValue(type=contribution.dtype.as_datatype_enum),
-                 "N": attr_value_pb2.AttrValue(i=members)}, "sum" if k == 0 else f"sum_{k}")
+                 "N": attr_value_pb2.AttrValue(i=members)}, "sum")
     total = table[(merged.name, k)]
     update_input(total, op.get_attr("_graphsync_member"), contribution)
     return total.outputs[0]
@@ -196,10 +200,15 @@ class Gather:
             with pristine_scope(graph, self.device, self._scope(layer, "forward", g)):
                 counts, total, mean, variance, bessel = stats.merge_moments(
                     self.ops, *zip(*[uploads[i] for i in members]), spread=spread, epsilon=layer.epsilon)
+                factor = None
+                if spread == "bessel" and not layer.has_gradients:   # each tower's σ²·N/(N−1), see _view
+                    ops = self.ops
+                    factor = ops.cast(ops.binary("RealDiv", total, ops.binary(
+                        "Maximum", ops.binary("Sub", total, 1.0), 1.0)), variance.dtype, name="bessel_factor")
             for member, (i, count) in enumerate(zip(members, counts)):
                 out[i] = Synchronized(count, total, mean, variance, bessel)
                 if not layer.has_gradients:
-                    out[i] = _view(graph, sites[i], out[i], uploads[i], spread,
+                    out[i] = _view(graph, sites[i], out[i], uploads[i], spread, factor,
                                    members=len(members), member=member)
         return out
 
@@ -249,7 +258,7 @@ _allreduce_keys = weakref.WeakKeyDictionary()   # graph → CollectiveKeys (for 
 _backward_keys = weakref.WeakKeyDictionary()    # graph → {(forward instance key, k): instance key}
 
 
-def _backward_key(graph, forward_key: int, k: int) -> int:
+def _backward_key(graph, forward_key: int, k) -> int:
     """The instance key of the k-th differentiation of a forward collective, the same in every
     tower (and in every process that builds the same gradients in the same order)."""
     keys = _backward_keys.setdefault(graph, {})
@@ -279,7 +288,7 @@ def _all_reduce_gradient(op, grad):
     """
     forward_key = int(tf.get_static_value(op.inputs[3]))
     group_size, group_key = (int(tf.get_static_value(t)) for t in op.inputs[1:3])
-    key = _backward_key(op.graph, forward_key, _differentiation(op))
+    key = _backward_key(op.graph, forward_key, differentiation(op))
     return [all_reduce(grad, group_size, group_key, key)] + [None] * (len(op.inputs) - 1)
 
 
@@ -340,11 +349,14 @@ class AllReduce:
                 total, *moments = self.ops.call(_library(_unpack_moments, spread, [vector, like]), [vector, like],
                                                 "unpack")
             total.set_shape([])
-            for t in moments:
+            for t in moments[:2]:
                 t.set_shape(like.shape)
-            s = Synchronized(n, total, *moments) if spread == "bessel" else Synchronized(n, total, *moments, None)
-            out.append(_view(graph, site, s, upload, spread, members=len(self.groups[g]) * self.scale,
-                             group_key=self.group_keys[g], instance_key=instance))
+            if spread == "bessel":
+                moments[2].set_shape([])
+            s = Synchronized(n, total, moments[0], moments[1], None)
+            out.append(_view(graph, site, s, upload, spread, moments[2] if spread == "bessel" else None,
+                             members=len(self.groups[g]) * self.scale, group_key=self.group_keys[g],
+                             instance_key=instance))
         return out
 
     def sums(self, graph, layer, sites, values, tag, finish=None) -> list[list]:
@@ -408,20 +420,20 @@ def _pack_moments(spread):
 
 def _unpack_moments(spread):
     def unpack(vector, like):
-        """(N, μ, σ² and, for a Bessel spread, σ²·N/(N−1)) from an all-reduced
-        [N, Σn·m, Σ(M2 + n·m²)], shaped like `like` and in its dtype."""
+        """(N, μ, σ² and, for a Bessel spread, N/(N−1)) from an all-reduced [N, Σn·m, Σ(M2 + n·m²)],
+        the statistics shaped like `like`, all but N in its dtype."""
         ops = FastOps(tf.compat.v1.get_default_graph())
         channels = tf.size(like)
         count, sums, squares = tf.split(vector, tf.stack([1, channels, channels]), num=3)
         total = ops.reshape(count, [])
         mean = ops.binary("DivNoNan", sums, total)
         variance = ops.unary("Relu", ops.binary("Sub", ops.binary("DivNoNan", squares, total), ops.unary("Square", mean)))
-        out = [mean, variance]
-        if spread == "bessel":
-            out.append(ops.binary("Mul", variance, ops.binary(
-                "RealDiv", total, ops.binary("Maximum", ops.binary("Sub", total, 1.0), 1.0))))
         shape = tf.shape(like)
-        return (total,) + tuple(ops.cast(tf.reshape(t, shape), like.dtype) for t in out)
+        out = (total,) + tuple(ops.cast(tf.reshape(t, shape), like.dtype) for t in (mean, variance))
+        if spread == "bessel":
+            out += (ops.cast(ops.binary("RealDiv", total, ops.binary("Maximum", ops.binary("Sub", total, 1.0), 1.0)),
+                             like.dtype),)
+        return out
     return unpack
 
 

@@ -75,10 +75,10 @@ def local_moments(graph, op: tf.Operation, ops):
     return size.outputs[0], stats.outputs[1], stats.outputs[2], residual
 
 
-def normalize(graph, x, scale, offset, mean, variance, epsilon, data_format):
-    """(x − μ)·γ/√(σ² + ε) + β in x's dtype."""
+def normalize(graph, x, scale, offset, mean, variance, epsilon, data_format, gradient=NORMALIZE_GRADIENT):
+    """(x − μ)·γ/√(σ² + ε) + β in x's dtype, differentiated by the gradient registered as `gradient`."""
     return create_op(graph, "FusedBatchNormV3", [x, scale, offset, mean, variance],
-                     _attrs(x, epsilon, data_format, False, NORMALIZE_GRADIENT), "y").outputs[0]
+                     _attrs(x, epsilon, data_format, False, gradient), "y").outputs[0]
 
 
 def grad_sums(dy, x, scale, mean, variance, epsilon, data_format):

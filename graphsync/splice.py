@@ -12,10 +12,12 @@ import dataclasses
 import tensorflow as tf
 
 from graphsync import fused, match, stats
-from graphsync.exchange import Synchronized
+from graphsync.exchange import Synchronized, differentiation, summed_gradient
 from graphsync.plan import LayerPlan, Site
 from graphsync.reroute import reroute_consumers, reroute_control_outputs
-from graphsync.tf_private import pristine_scope
+from graphsync.tf_private import FastOps, pristine_scope
+
+SYNCHRONIZED_NORMALIZE_GRADIENT = "GraphsyncSynchronizedNormalize"   # also in match.GRAPHSYNC_GRADIENTS
 
 
 @dataclasses.dataclass
@@ -63,7 +65,8 @@ def _fused_forward(graph, layer: LayerPlan, site: Site, s: Synchronized, count: 
     op = site.op
     with pristine_scope(graph, site.device, op.name + "_sync"):
         y = fused.normalize(graph, op.inputs[0], op.inputs[1], op.inputs[2], s.mean, s.variance,
-                            layer.epsilon, _data_format(op))
+                            layer.epsilon, _data_format(op),
+                            fused.NORMALIZE_GRADIENT if layer.has_gradients else SYNCHRONIZED_NORMALIZE_GRADIENT)
         batch_mean, batch_variance = s.mean, s.bessel
         if layer.avg_factor != 1.0:
             f = layer.avg_factor
@@ -107,6 +110,25 @@ def _fused_backward(graph, layer: LayerPlan, exchange, statistics, k: int, count
         count.edges += reroute_consumers(grad_op.outputs[2], grad_offset)
         count.control_edges += reroute_control_outputs(grad_op, [dx.op, grad_scale.op])
         count.grads_replaced += 1
+
+
+@tf.RegisterGradient(SYNCHRONIZED_NORMALIZE_GRADIENT)
+def _synchronized_normalize_gradient(op, dy, *_unused):
+    """A layer rewritten before its gradients: each tower's call builds that tower's synchronized
+    backward, as `_fused_backward` does for gradients built first — (a_t, b_t) summed over the
+    towers at run time through the statistics' view (graphsync.exchange), then
+    dx = γ·r·g − γ·r·(x̂·B + A)/N. Nothing flows into μ and σ²: dx already holds their part."""
+    x, scale, _, mean, variance = op.inputs
+    view, graph = mean.op, op.graph
+    epsilon, data_format = op.get_attr("epsilon"), _data_format(op)
+    with pristine_scope(graph, op.device, graph.get_name_scope()):
+        ops = FastOps(graph)
+        dx_local, sum_dy_xhat, sum_dy = fused.grad_sums(dy, x, scale, mean, variance, epsilon, data_format)
+        summed = summed_gradient(view, ops.stack([sum_dy, sum_dy_xhat]), ("y", differentiation(op)))
+        coefficients = fused.correction_coefficients(ops, scale, variance, epsilon, *ops.unstack(summed, 2),
+                                                     view.inputs[2])
+        dx = fused.input_grad(dx_local, x, mean, variance, epsilon, data_format, coefficients)
+    return [dx, sum_dy_xhat, sum_dy, None, None]
 
 
 def _moments_forward(graph, layer: LayerPlan, site: Site, s: Synchronized, count: SpliceCount):

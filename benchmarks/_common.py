@@ -51,12 +51,12 @@ def import_tf():
     return tf
 
 
-def logical_cpus(tf, count: int, **session_options):
+def logical_cpus(tf, count: int, inter_op: int = 2, **session_options):
     """Splits the CPU into `count` logical devices for the eager runtime (the Keras peer) and returns
-    the TF1 session config with the same devices and 2 inter-op / 1 intra-op threads."""
+    the TF1 session config with the same devices and `inter_op` inter-op / 1 intra-op threads."""
     cpus = tf.config.list_physical_devices("CPU")
     tf.config.set_logical_device_configuration(cpus[0], [tf.config.LogicalDeviceConfiguration()] * count)
-    return tf.compat.v1.ConfigProto(device_count={"CPU": count}, inter_op_parallelism_threads=2,
+    return tf.compat.v1.ConfigProto(device_count={"CPU": count}, inter_op_parallelism_threads=inter_op,
                                     intra_op_parallelism_threads=1, **session_options)
 
 

@@ -9,7 +9,8 @@
       ProcessGroup(2, i, timeout=300), the graph `graphsync run` builds on such a worker
 
 Graphs are built with tests/towerlib.py `build` (the CIFAR10 pattern: per-tower gradients, summed,
-tower 0's updates) around tests/models.py `resnetish`, and rewritten after the gradients exist. In (a)
+tower 0's updates) around tests/models.py `resnetish`, and rewritten after the gradients exist ((a) also
+times both strategies rewritten before the gradients, then one tf.gradients per tower). In (a)
 and (b) all variants live in one client process and are timed in alternating rounds; ratios are taken
 within a round, then the median. In (c) each worker alternates an unsynchronized and a synchronized
 graph of its own; one untimed synchronized step per round lines the two workers up.
@@ -50,14 +51,15 @@ def shape(args):
     return (args.size, args.size, 3)
 
 
-def build(args, batch_sizes, devices, strategy, *, device=None, process_group=None, scope="tower_%d"):
+def build(args, batch_sizes, devices, strategy, *, device=None, process_group=None, scope="tower_%d",
+          gradients="after"):
     reports = []
 
     def rewrite(graph):
         reports.append(graphsync.rewrite_towers(graph, strategy=strategy, device=device,
                                                 process_group=process_group))
     built = tl.build(model_fn(args), batch_sizes, devices=devices, scope=scope, input_shape=shape(args),
-                     rewrite=rewrite if strategy else None)
+                     rewrite=rewrite if strategy else None, gradients=gradients)
     return built, (reports[0] if reports else None)
 
 
@@ -77,8 +79,10 @@ def time_steps(sess, built, feed, steps):
     return times
 
 
-def alternate(args, variants, target, config):
-    """variants: name -> (built, report); every variant in its own session, timed in alternating rounds."""
+def alternate(args, variants, target, config, cpu=False):
+    """variants: name -> (built, report); every variant in its own session, timed in alternating rounds.
+    cpu: also this process's CPU time per step (all devices in-process: the work a step costs,
+    less disturbed than wall-clock time by other jobs on a shared machine)."""
     sizes = None
     sessions, feeds, ops = {}, {}, {}
     try:
@@ -92,18 +96,24 @@ def alternate(args, variants, target, config):
             ops[name] = len(built.graph.get_operations())
             time_steps(sess, built, feeds[name], args.warmup)
         per_round = {name: [] for name in variants}
+        cpu_round = {name: [] for name in variants}
         for r in range(args.rounds):
             order = list(variants) if r % 2 == 0 else list(reversed(variants))
             for name in order:
+                start = time.process_time()
                 per_round[name].append(_common.median(time_steps(sessions[name], variants[name][0],
                                                                  feeds[name], args.steps)))
+                cpu_round[name].append((time.process_time() - start) / args.steps)
     finally:
         for sess in sessions.values():
             sess.close()
-    return summarize(per_round, ops, {n: v[1] for n, v in variants.items()})
+    return summarize(per_round, ops, {n: v[1] for n, v in variants.items()}, cpu_round if cpu else None)
 
 
-def summarize(per_round, ops, reports):
+def summarize(per_round, ops, reports, cpu_round=None):
+    """Per variant: step times, the median of its per-round ratios to the unsynchronized graph and,
+    for all-reduce variants, to the gather variant of the same rewrite order (likewise for CPU
+    time per step when measured)."""
     out = {}
     for name, times in per_round.items():
         ratios = [a / b for a, b in zip(times, per_round["unsynced"])]
@@ -111,13 +121,28 @@ def summarize(per_round, ops, reports):
                      "max_ms": 1e3 * max(times), "ratio": _common.median(ratios),
                      "ratio_min": min(ratios), "ratio_max": max(ratios), "ops": ops.get(name, ""),
                      "layers": len(reports[name].layers) if reports.get(name) else ""}
+        gather = per_round.get(name.replace("allreduce", "gather"))
+        if name.startswith("allreduce") and gather:
+            vs_gather = [a / b for a, b in zip(times, gather)]
+            out[name].update(vs_gather=_common.median(vs_gather), vs_gather_min=min(vs_gather),
+                             vs_gather_max=max(vs_gather))
+        if cpu_round:
+            cpu = cpu_round[name]
+            out[name].update(cpu_ms=1e3 * _common.median(cpu),
+                             cpu_ratio=_common.median([a / b for a, b in zip(cpu, cpu_round["unsynced"])]))
+            if name.startswith("allreduce") and gather:
+                base = cpu_round[name.replace("allreduce", "gather")]
+                out[name]["cpu_vs_gather"] = _common.median([a / b for a, b in zip(cpu, base)])
     return out
 
 
 def setup_local(args):
+    """(a), plus both strategies rewritten before the gradients, then one tf.gradients per tower."""
     devices = [f"/cpu:{i}" for i in range(4)]
     variants = {v: build(args, [args.batch] * 4, devices, None if v == "unsynced" else v) for v in VARIANTS}
-    return alternate(args, variants, "", tl.CONFIG)
+    for v in VARIANTS[1:]:
+        variants[f"{v}, before gradients"] = build(args, [args.batch] * 4, devices, v, gradients="before")
+    return alternate(args, variants, "", tl.CONFIG, cpu=True)
 
 
 def setup_in_graph(args):
@@ -197,6 +222,8 @@ def setup_between_graph(args):
 
 COLUMNS = [("variant", "variant"), ("step_ms", "step ms (median)"), ("min_ms", "min"), ("max_ms", "max"),
            ("ratio", "÷ unsynced (median of rounds)"), ("ratio_min", "min"), ("ratio_max", "max"),
+           ("vs_gather", "allreduce ÷ gather (median of rounds)"), ("vs_gather_min", "min"), ("vs_gather_max", "max"),
+           ("cpu_ms", "CPU ms / step"), ("cpu_ratio", "CPU ÷ unsynced"), ("cpu_vs_gather", "CPU allreduce ÷ gather"),
            ("ops", "graph ops"), ("layers", "synced layers")]
 
 
@@ -225,7 +252,8 @@ def main(argv=None):
           f"gradients). {args.rounds} alternating rounds × {args.steps} timed steps after {args.warmup} warm-up "
           f"steps; a round's figure is the median of its steps.\n")
     results = {}
-    titles = {"local": "(a) 4 towers on 4 logical CPU devices, one process (inter-op 2, intra-op 1 threads)",
+    titles = {"local": "(a) 4 towers on 4 logical CPU devices, one process (inter-op 2, intra-op 1 threads); "
+                       "also rewritten before the gradients, then one tf.gradients per tower",
               "in-graph": "(b) in-graph replication over 2 server processes (tower i on /job:worker/task:i; "
                           "gather on /job:worker/task:0/cpu:0; client session on task 0)",
               "between-graph": "(c) between-graph replication: 2 worker processes, one tower each, "

@@ -14,6 +14,8 @@ resnet: 32×32×3 input, stem + 3 stages of one basic residual block (16/32/64 c
         global pooling, dense classifier (10 classes).
 segnet: 32×32×3 input, U-Net-style encoder–decoder (16/32/64 channels, two convs per level, skip
         concatenations, nearest upsampling), 9 batch norms, per-pixel classifier (5 classes).
+unet64: the segmentation-sized model: 64×64×3 input, U-Net with 32/64/128 channels, 10 batch norms,
+        per-pixel classifier (5 classes).
 """
 from __future__ import annotations
 
@@ -50,7 +52,26 @@ def segnet(b, x):
     return b.conv(d1, 5, 1, 1, "classifier")
 
 
-ARCHITECTURES = {"resnet": (resnet, 10, "classify"), "segnet": (segnet, 5, "segment")}
+def unet64(b, x):
+    def double(h, channels, name):
+        h = b.relu(b.bn(b.conv(h, channels, 3, 1, name + "/conv1"), name + "/bn1"))
+        return b.relu(b.bn(b.conv(h, channels, 3, 1, name + "/conv2"), name + "/bn2"))
+
+    e1 = double(x, 32, "enc1")                                                   # 64×64
+    e2 = double(b.relu(b.bn(b.conv(e1, 64, 3, 2, "down1"), "down1_bn")), 64, "enc2")  # 32×32
+    e3 = b.relu(b.bn(b.conv(e2, 128, 3, 2, "down2"), "down2_bn"))               # 16×16
+    d2 = double(b.cat(b.up(e3), e2), 64, "dec2")                                 # 32×32
+    d1 = double(b.cat(b.up(d2), e1), 32, "dec1")                                 # 64×64
+    return b.conv(d1, 5, 1, 1, "classifier")
+
+
+ARCHITECTURES = {"resnet": (resnet, 10, "classify"), "segnet": (segnet, 5, "segment"),
+                 "unet64": (unet64, 5, "segment")}
+INPUT_SIZE = {"unet64": 64}   # image side; 32 for the others
+
+
+def input_size(arch: str) -> int:
+    return INPUT_SIZE.get(arch, 32)
 
 
 def data(arch: str, towers: int, batch: int, seed: int = 0):
@@ -59,8 +80,9 @@ def data(arch: str, towers: int, batch: int, seed: int = 0):
     rng = np.random.RandomState(seed)
     out = []
     for _ in range(towers):
-        x = rng.randn(batch, 32, 32, 3).astype(np.float32)
-        shape = (batch,) if kind == "classify" else (batch, 32, 32)
+        side = input_size(arch)
+        x = rng.randn(batch, side, side, 3).astype(np.float32)
+        shape = (batch,) if kind == "classify" else (batch, side, side)
         out.append((x, rng.randint(0, classes, shape).astype(np.int32)))
     return out
 
@@ -204,7 +226,7 @@ def build_keras(arch: str, synchronized: bool):
     """The same architecture as a tf_keras functional model (call inside a strategy scope)."""
     import tf_keras
     fn, classes, _ = ARCHITECTURES[arch]
-    inputs = tf_keras.Input((32, 32, 3))
+    inputs = tf_keras.Input((input_size(arch), input_size(arch), 3))
     model = tf_keras.Model(inputs, fn(KerasBuilder(synchronized), inputs))
     return model
 

@@ -4,6 +4,8 @@ on 4 logical CPU devices of one process, for a small ResNet-style and a U-Net-st
 
   unsynced        the multi-tower graph with fused batch norm (CIFAR10 pattern, per-tower gradients)
   graphsync       the same graph after graphsync.rewrite_towers()  (statistics gathered on /cpu:0)
+  graphsync-unrefined  the same without the mean residual that makes the statistics accurate
+                  (graphsync.fused.REFINE_LOCAL_MOMENTS = False while building): what accuracy costs
   graphsync-allreduce  … rewrite_towers(strategy="allreduce")  (CollectiveReduceV2, no central device;
                   left out when the graphsync under test has no such option)
   moments         unsynchronized, tf.nn.moments + tf.nn.batch_normalization per tower (unfused)
@@ -15,13 +17,22 @@ on 4 logical CPU devices of one process, for a small ResNet-style and a U-Net-st
                   tf.distribute.MirroredStrategy over the same 4 logical CPUs, tf.function train step
   keras-sync      the peer: the same with BatchNormalization(synchronized=True)
 
-Sessions use ConfigProto(device_count={'CPU': 4}, inter_op=2, intra_op=1); the eager runtime for the
-peer uses the same thread counts. Inputs are per-device constants (no feeding). Each round runs
---steps steps of every variant (rotating order); ratios are taken within a round, then the median.
+Models: resnet and segnet (32×32, 8 examples per tower) and unet64, the segmentation-sized model
+(64×64, 32/64/128 channels, 10 batch norms, 2 examples per tower).
+
+Sessions use ConfigProto(device_count={'CPU': 4}, inter_op=8, intra_op=1): 8 inter-op threads let
+the four towers run concurrently, as they would on four devices (with 1–2 threads an unsynchronized
+graph runs tower after tower while a synchronized one runs in lockstep, and the comparison measures
+that scheduling, not graphsync). The eager runtime for the peer uses the same thread counts. Inputs
+are per-device constants (no feeding). Each round runs --steps steps of every variant (rotating
+order); ratios are taken within a round, then the median. Besides wall time, the process CPU time
+per step is recorded (less disturbed by other jobs on a shared machine).
 
 Peak memory: the TensorFlow CPU allocator's peak during 2 steps minus its bytes in use just before
 (tf.config.experimental.get_memory_info('CPU:0'); all logical CPU devices share that allocator), i.e.
-the transient memory of a step: activations, gradients, buffers; variables are excluded. The largest
+the transient memory of a step: activations, gradients, buffers; variables are excluded. With the
+towers running concurrently the peak holds every tower's working set at once, as four devices would
+each hold their own, so the synchronized ÷ unsynchronized ratio is the per-device ratio. The largest
 of 3 such measurements per variant (alternating) is reported.
 
     python benchmarks/step_overhead.py                      # the recorded run
@@ -32,6 +43,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import os
+import time
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -40,8 +52,9 @@ import _common  # noqa: E402
 tf = _common.import_tf()
 tf1 = tf.compat.v1
 TOWERS = 4
-SESSION_CONFIG = _common.logical_cpus(tf, TOWERS, allow_soft_placement=False)
-tf.config.threading.set_inter_op_parallelism_threads(2)
+INTER_OP = 8   # ≥ 2 per tower: the towers run concurrently, as on separate devices
+SESSION_CONFIG = _common.logical_cpus(tf, TOWERS, INTER_OP, allow_soft_placement=False)
+tf.config.threading.set_inter_op_parallelism_threads(INTER_OP)
 tf.config.threading.set_intra_op_parallelism_threads(1)
 
 import numpy as np  # noqa: E402
@@ -49,11 +62,13 @@ import numpy as np  # noqa: E402
 with _common.quiet_stderr():
     import tf_keras  # noqa: E402
 import graphsync  # noqa: E402
+import graphsync.fused  # noqa: E402  (REFINE_LOCAL_MOMENTS, when the graphsync under test has it)
 import models  # noqa: E402
 
 GRAPH_VARIANTS = {  # name: (batch norm, gradients, rewrite)
     "unsynced": ("fused", "per-tower", False),
     "graphsync": ("fused", "per-tower", True),
+    "graphsync-unrefined": ("fused", "per-tower", True),   # without the mean residual (fused.REFINE_LOCAL_MOMENTS)
     "graphsync-allreduce": ("fused", "per-tower", {"strategy": "allreduce"}),
     "moments": ("moments", "per-tower", False),
     "graphsync-moments": ("moments", "per-tower", True),
@@ -63,6 +78,7 @@ GRAPH_VARIANTS = {  # name: (batch norm, gradients, rewrite)
 PEER_VARIANTS = {"keras": False, "keras-sync": True}
 RATIOS = [  # (numerator, denominator, what it says)
     ("graphsync", "unsynced", "graphsync ÷ unsynced (target ≤ 1.10)"),
+    ("graphsync", "graphsync-unrefined", "graphsync ÷ graphsync without the mean residual (the accuracy's cost)"),
     ("graphsync-allreduce", "unsynced", "graphsync, strategy='allreduce' ÷ unsynced"),
     ("graphsync-moments", "moments", "graphsync on the tf.nn.moments model ÷ its unsynced"),
     ("byhand", "unsynced", "by-hand ÷ unsynced (fused)"),
@@ -77,7 +93,16 @@ RATIOS = [  # (numerator, denominator, what it says)
 class GraphVariant:
     def __init__(self, arch, name, batches):
         bn, gradients, rewrite = GRAPH_VARIANTS[name]
-        built = models.build_towers(arch, TOWERS, bn, batches, gradients=gradients, rewrite=rewrite)
+        unrefined = name.endswith("-unrefined")
+        if unrefined and not hasattr(graphsync.fused, "REFINE_LOCAL_MOMENTS"):
+            raise KeyError(name)
+        if unrefined:
+            graphsync.fused.REFINE_LOCAL_MOMENTS = False
+        try:
+            built = models.build_towers(arch, TOWERS, bn, batches, gradients=gradients, rewrite=rewrite)
+        finally:
+            if unrefined:
+                graphsync.fused.REFINE_LOCAL_MOMENTS = True
         self.name, self.built = name, built
         self.session = tf1.Session(graph=built["graph"], config=SESSION_CONFIG)
         self.session.run(built["init"])
@@ -163,24 +188,34 @@ def _count_bn(arch):
 
 def op_breakdown(variants, names, steps=5):
     """Op compute time per step by op type (FULL_TRACE step stats, median of `steps`), for the
-    graph variants `names`: where a synchronized step's extra work goes."""
+    graph variants `names`: where a synchronized step's extra work goes. Traced in a session with
+    one inter-op thread, so that an op's duration is its compute, not time spent preempted by the
+    other towers' threads on the 2 cores."""
     import collections
     out = {}
+    config = tf1.ConfigProto()
+    config.CopyFrom(SESSION_CONFIG)
+    config.inter_op_parallelism_threads = 1
     for name in names:
         if name not in variants or not isinstance(variants[name], GraphVariant):
             continue
+        built = variants[name].built
+        session = tf1.Session(graph=built["graph"], config=config)
+        session.run(built["init"])
+        for _ in range(2):
+            session.run(built["train_op"])
         per_step = []
         for _ in range(steps):
             meta = tf1.RunMetadata()
-            variants[name].session.run(variants[name].built["train_op"],
-                                       options=tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE),
-                                       run_metadata=meta)
+            session.run(built["train_op"], options=tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE),
+                        run_metadata=meta)
             types = collections.Counter()
             for dev in meta.step_stats.dev_stats:
                 for node in dev.node_stats:
                     kind = node.timeline_label.split("(")[0].split("=")[-1].strip() or node.node_name
                     types[kind] += node.op_end_rel_micros - node.op_start_rel_micros
             per_step.append(types)
+        session.close()
         kinds = set().union(*per_step)
         out[name] = {k: _common.median([c[k] for c in per_step]) / 1e3 for k in kinds}
     return out
@@ -193,7 +228,10 @@ def run_model(arch, batch, rounds, steps, warmup, log, only, op_types=False):
         only = only - {"graphsync-allreduce"}
     for name in [v for v in GRAPH_VARIANTS if v in only]:
         t0 = _common.now()
-        variants[name] = GraphVariant(arch, name, batches)
+        try:
+            variants[name] = GraphVariant(arch, name, batches)
+        except KeyError:   # a variant the graphsync under test has no option for
+            continue
         log(f"  {arch}/{name}: built in {_common.now() - t0:.1f} s, {variants[name].built['ops']} ops")
     for name in [v for v in PEER_VARIANTS if v in only]:
         variants[name] = PeerVariant(arch, name, batches)
@@ -219,14 +257,16 @@ def run_model(arch, batch, rounds, steps, warmup, log, only, op_types=False):
         for _ in range(warmup):
             variants[name].step()
     times = {name: [] for name in names}
+    cpu = {name: [] for name in names}   # process CPU time per step: less disturbed by other jobs
     memory = {name: [] for name in names}
     for r in range(rounds):
         order = names[r % len(names):] + names[:r % len(names)]
         for name in order:
-            t0 = _common.now()
+            t0, c0 = _common.now(), time.process_time()
             for _ in range(steps):
                 variants[name].step()
             times[name].append((_common.now() - t0) / steps)
+            cpu[name].append((time.process_time() - c0) / steps)
         log(f"  {arch} round {r + 1}/{rounds}: " + ", ".join(f"{n} {1e3 * times[n][-1]:.0f}" for n in names))
     for _ in range(3):
         for name in names:
@@ -239,6 +279,7 @@ def run_model(arch, batch, rounds, steps, warmup, log, only, op_types=False):
     for name in names:
         rows.append(dict(variant=name, step_ms=1e3 * _common.median(times[name]),
                          min_ms=1e3 * min(times[name]), max_ms=1e3 * max(times[name]),
+                         cpu_ms=1e3 * _common.median(cpu[name]),
                          peak_mb=max(memory[name]) / 2**20,
                          ops=variants[name].built["ops"] if name in GRAPH_VARIANTS else ""))
     ratios = []
@@ -246,16 +287,19 @@ def run_model(arch, batch, rounds, steps, warmup, log, only, op_types=False):
         if num not in times or den not in times:
             continue
         per_round = [a / b for a, b in zip(times[num], times[den])]
+        cpu_ratio = _common.median([a / b for a, b in zip(cpu[num], cpu[den])])
         ratios.append(dict(ratio=what, time=_common.median(per_round), lo=min(per_round), hi=max(per_round),
-                           memory=max(memory[num]) / max(memory[den])))
-    return dict(arch=arch, layers=n_layers, batch=batch, rows=rows, ratios=ratios, times=times, memory=memory,
+                           cpu=cpu_ratio,
+                           memory=max(memory[num]) / max(memory[den]) if max(memory[den]) else float("nan")))
+    return dict(arch=arch, layers=n_layers, batch=batch, rows=rows, ratios=ratios, times=times, cpu=cpu,
+                memory=memory,
                 loss_agreement=agree, unsynced_vs_synced_loss=differs, breakdown=breakdown)
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", nargs="+", default=["resnet", "segnet"])
-    parser.add_argument("--batch", type=int, default=8, help="examples per tower")
+    parser.add_argument("--models", nargs="+", default=["resnet", "segnet", "unet64"])
+    parser.add_argument("--batch", type=int, help="examples per tower (default: 8; 2 for unet64)")
     parser.add_argument("--rounds", type=int, default=21)
     parser.add_argument("--steps", type=int, default=3, help="steps per variant per round")
     parser.add_argument("--warmup", type=int, default=2)
@@ -272,17 +316,19 @@ def main(argv=None):
     print(_common.header("Step overhead, 4 logical CPU devices", argv))
     results = []
     for arch in args.models:
-        res = run_model(arch, args.batch, args.rounds, args.steps, args.warmup, log, set(args.variants),
+        res = run_model(arch, args.batch or (2 if arch == "unet64" else 8), args.rounds, args.steps, args.warmup, log, set(args.variants),
                         args.op_types)
         results.append(res)
-        print(f"\n**{arch}** ({res['layers']} batch norms per tower, {TOWERS} towers × {args.batch} examples of "
-              f"32×32×3; median of {args.rounds} rounds × {args.steps} steps)\n")
+        print(f"\n**{arch}** ({res['layers']} batch norms per tower, {TOWERS} towers × {res['batch']} examples of "
+              f"{models.input_size(arch)}×{models.input_size(arch)}×3; median of {args.rounds} rounds × {args.steps} steps)\n")
         print(_common.table(res["rows"], [("variant", "variant"), ("step_ms", "step ms (median)"),
                                           ("min_ms", "min"), ("max_ms", "max"),
+                                          ("cpu_ms", "CPU ms / step (median)"),
                                           ("peak_mb", "step peak MiB"), ("ops", "graph ops")]))
         print()
         print(_common.table(res["ratios"], [("ratio", "ratio"), ("time", "step time (median of rounds)"),
-                                            ("lo", "min"), ("hi", "max"), ("memory", "peak memory")]))
+                                            ("lo", "min"), ("hi", "max"),
+                                            ("cpu", "CPU time (median of rounds)"), ("memory", "peak memory")]))
         print(f"\nSanity: initial tower losses, graphsync vs by-hand max |Δ| "
               f"{res['loss_agreement']['byhand']:.1e} (summed-gradient variant "
               f"{res['loss_agreement']['byhand-summed']:.1e}, graphsync on the moments model "
@@ -298,8 +344,8 @@ def main(argv=None):
             rows.append(dict(op="all ops", unsynced=sum(base.values()), graphsync=sum(synced.values()),
                              delta=sum(synced.values()) - sum(base.values())))
             print("\nOp compute time per step by op type, ms summed over the 4 devices (FULL_TRACE step stats, "
-                  "median of 5 steps; the 12 largest changes). Wall time is not their sum: 4 devices share 2 cores, "
-                  "and each synchronized layer is a barrier across towers.\n")
+                  "median of 5 steps, traced with 1 inter-op thread; the 12 largest changes). Wall time is not their "
+                  "sum: 4 devices share 2 cores, and each synchronized layer is a barrier across towers.\n")
             print(_common.table(rows, [("op", "op type"), ("unsynced", "unsynced ms"),
                                        ("graphsync", "graphsync ms"), ("delta", "Δ ms")]))
     _common.write_json(args.json, results)

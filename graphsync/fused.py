@@ -23,6 +23,9 @@ from tensorflow.core.framework import attr_value_pb2
 
 from graphsync.tf_private import create_op
 
+# False: upload the kernel's float32 statistics as they are (benchmarks/step_overhead.py measures
+# what the residual costs by building one variant so; see local_moments).
+REFINE_LOCAL_MOMENTS = True
 LOCAL_MOMENTS_GRADIENT = "GraphsyncFusedLocalMoments"   # also how match.py recognizes graphsync's ops
 NORMALIZE_GRADIENT = "GraphsyncFusedNormalize"
 
@@ -40,28 +43,42 @@ def _attrs(x, epsilon, data_format, is_training, gradient=None, forward=True):
     return attrs
 
 
-def local_moments(graph, op: tf.Operation):
-    """One tower's (size of x as int64, mean, Bessel-corrected variance) from the kernel, by the
-    original op's inputs (its mean/variance inputs are ignored in training mode with factor 1).
+def local_moments(graph, op: tf.Operation, ops):
+    """One tower's (size of x as int64, mean, Bessel-corrected variance, residual) from the kernel,
+    by the original op's inputs (its mean/variance inputs are ignored in training mode, factor 1).
 
-    Measured alternative (benchmarks, 2026-11-30): refining m and M2 from the kernel's normalized
-    output (Chan per tower) cut the variance error at |μ|/σ = 1e3 from 2.4e-5 to 7.4e-7, but cost
-    +9 % step time and twice the rewrite time; the plain kernel statistics are the default.
+    The kernel's float32 mean m̂ is off by ~1e-7·|μ|; Chan's merge takes Σ(x − m̂) as 0, so that
+    error enters the merged variance linearly (3e-4 at |μ|/σ = 1e4). The kernel runs with γ = 1,
+    β = 0, so its otherwise unused output is y = (x − m̂)/s, s = √(v + ε): residual = Σy (one
+    reduction, the only extra work) gives Σ(x − m̂) = s·Σy exactly enough, and the merge corrects
+    m and M2 in float64 (stats.merge_moments). Other dtypes upload no residual (None).
+    Σy is identically 0 as a function of x, so its gradient is 0 and the local-moments gradient
+    rightly ignores what arrives at y.
     """
     x = op.inputs[0]
-    stats = create_op(graph, "FusedBatchNormV3", list(op.inputs[:5]),
-                      _attrs(x, op.get_attr("epsilon"), op.get_attr("data_format").decode(), True,
-                             LOCAL_MOMENTS_GRADIENT), "local_moments")
+    channels = op.inputs[1].shape.num_elements()
+    refine = REFINE_LOCAL_MOMENTS and x.dtype == tf.float32 and channels is not None
+    scale, offset = (ops.constant(1.0, tf.float32, [channels]), ops.constant(0.0, tf.float32, [channels])) \
+        if refine else (op.inputs[1], op.inputs[2])
+    data_format = op.get_attr("data_format").decode()
+    stats = create_op(graph, "FusedBatchNormV3", [x, scale, offset, op.inputs[3], op.inputs[4]],
+                      _attrs(x, op.get_attr("epsilon"), data_format, True, LOCAL_MOMENTS_GRADIENT),
+                      "local_moments")
     size = create_op(graph, "Size", [x], {"T": attr_value_pb2.AttrValue(type=x.dtype.as_datatype_enum),
                                           "out_type": attr_value_pb2.AttrValue(type=tf.int64.as_datatype_enum)},
                      "size")
-    return size.outputs[0], stats.outputs[1], stats.outputs[2]
+    residual = None
+    if refine:
+        rank = x.shape.rank
+        channel_axis = 1 if data_format.startswith("NC") else rank - 1
+        residual = ops.sum(stats.outputs[0], [a for a in range(rank) if a != channel_axis], name="residual")
+    return size.outputs[0], stats.outputs[1], stats.outputs[2], residual
 
 
-def normalize(graph, x, scale, offset, mean, variance, epsilon, data_format):
-    """(x − μ)·γ/√(σ² + ε) + β in x's dtype."""
+def normalize(graph, x, scale, offset, mean, variance, epsilon, data_format, gradient=NORMALIZE_GRADIENT):
+    """(x − μ)·γ/√(σ² + ε) + β in x's dtype, differentiated by the gradient registered as `gradient`."""
     return create_op(graph, "FusedBatchNormV3", [x, scale, offset, mean, variance],
-                     _attrs(x, epsilon, data_format, False, NORMALIZE_GRADIENT), "y").outputs[0]
+                     _attrs(x, epsilon, data_format, False, gradient), "y").outputs[0]
 
 
 def grad_sums(dy, x, scale, mean, variance, epsilon, data_format):

@@ -58,7 +58,7 @@ def is_live(op: tf.Operation) -> bool:
     return any(t.consumers() for t in op.outputs[:3]) or bool(tf_private.control_outputs(op))
 
 
-GRAPHSYNC_GRADIENTS = ("GraphsyncFusedLocalMoments", "GraphsyncFusedNormalize")
+GRAPHSYNC_GRADIENTS = ("GraphsyncFusedLocalMoments", "GraphsyncFusedNormalize", "GraphsyncSynchronizedNormalize")
 
 
 def made_by_graphsync(op: tf.Operation) -> bool:

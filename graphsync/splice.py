@@ -12,10 +12,12 @@ import dataclasses
 import tensorflow as tf
 
 from graphsync import fused, match, stats
-from graphsync.exchange import Synchronized
+from graphsync.exchange import Synchronized, differentiation, summed_gradient
 from graphsync.plan import LayerPlan, Site
 from graphsync.reroute import reroute_consumers, reroute_control_outputs
-from graphsync.tf_private import pristine_scope
+from graphsync.tf_private import FastOps, pristine_scope
+
+SYNCHRONIZED_NORMALIZE_GRADIENT = "GraphsyncSynchronizedNormalize"   # also in match.GRAPHSYNC_GRADIENTS
 
 
 @dataclasses.dataclass
@@ -33,7 +35,7 @@ def splice_layer(graph: tf.Graph, layer: LayerPlan, exchange) -> SpliceCount:
         for site in layer.sites:
             op = site.op
             with pristine_scope(graph, site.device, op.name + "_sync"), graph.control_dependencies(op.control_inputs):
-                uploads.append(fused.local_moments(graph, op))
+                uploads.append(fused.local_moments(graph, op, exchange.ops))
         statistics = exchange.moments(graph, layer, layer.sites, uploads, spread="bessel")
         for site, s in zip(layer.sites, statistics):
             _fused_forward(graph, layer, site, s, count)
@@ -63,7 +65,8 @@ def _fused_forward(graph, layer: LayerPlan, site: Site, s: Synchronized, count: 
     op = site.op
     with pristine_scope(graph, site.device, op.name + "_sync"):
         y = fused.normalize(graph, op.inputs[0], op.inputs[1], op.inputs[2], s.mean, s.variance,
-                            layer.epsilon, _data_format(op))
+                            layer.epsilon, _data_format(op),
+                            fused.NORMALIZE_GRADIENT if layer.has_gradients else SYNCHRONIZED_NORMALIZE_GRADIENT)
         batch_mean, batch_variance = s.mean, s.bessel
         if layer.avg_factor != 1.0:
             f = layer.avg_factor
@@ -87,13 +90,14 @@ def _fused_backward(graph, layer: LayerPlan, exchange, statistics, k: int, count
     scales = [site.grad_ops[k].inputs[2] for site in layer.sites]
     shared = fused.shared_variable(scales)
 
-    def finish(totals, s, ops):
-        """Once per group where the sums arrive when γ is shared; else per tower below."""
-        return list(fused.correction_coefficients(ops, scales[0], s.variance, layer.epsilon, *totals, s.total)) \
+    def finish(totals, i, ops):
+        """Where the sums arrive (once per group when gathered) when γ is shared, with tower i's
+        own read of it; else per tower below."""
+        s = statistics[i]
+        return list(fused.correction_coefficients(ops, scales[i], s.variance, layer.epsilon, *totals, s.total)) \
             if shared else totals
 
-    sums = exchange.sums(graph, layer, layer.sites, [[a, b] for _, b, a in local], f"backward_{k}",
-                         finish=finish, statistics=statistics)
+    sums = exchange.sums(graph, layer, layer.sites, [[a, b] for _, b, a in local], f"backward_{k}", finish=finish)
     for site, s, (dx_local, grad_scale, grad_offset), totals in zip(layer.sites, statistics, local, sums):
         grad_op = site.grad_ops[k]
         with pristine_scope(graph, grad_op.device or site.device, f"{site.op.name}_sync_grad_{k}"):
@@ -106,6 +110,25 @@ def _fused_backward(graph, layer: LayerPlan, exchange, statistics, k: int, count
         count.edges += reroute_consumers(grad_op.outputs[2], grad_offset)
         count.control_edges += reroute_control_outputs(grad_op, [dx.op, grad_scale.op])
         count.grads_replaced += 1
+
+
+@tf.RegisterGradient(SYNCHRONIZED_NORMALIZE_GRADIENT)
+def _synchronized_normalize_gradient(op, dy, *_unused):
+    """A layer rewritten before its gradients: each tower's call builds that tower's synchronized
+    backward, as `_fused_backward` does for gradients built first — (a_t, b_t) summed over the
+    towers at run time through the statistics' view (graphsync.exchange), then
+    dx = γ·r·g − γ·r·(x̂·B + A)/N. Nothing flows into μ and σ²: dx already holds their part."""
+    x, scale, _, mean, variance = op.inputs
+    view, graph = mean.op, op.graph
+    epsilon, data_format = op.get_attr("epsilon"), _data_format(op)
+    with pristine_scope(graph, op.device, graph.get_name_scope()):
+        ops = FastOps(graph)
+        dx_local, sum_dy_xhat, sum_dy = fused.grad_sums(dy, x, scale, mean, variance, epsilon, data_format)
+        summed = summed_gradient(view, ops.stack([sum_dy, sum_dy_xhat]), ("y", differentiation(op)))
+        coefficients = fused.correction_coefficients(ops, scale, variance, epsilon, *ops.unstack(summed, 2),
+                                                     view.inputs[2])
+        dx = fused.input_grad(dx_local, x, mean, variance, epsilon, data_format, coefficients)
+    return [dx, sum_dy_xhat, sum_dy, None, None]
 
 
 def _moments_forward(graph, layer: LayerPlan, site: Site, s: Synchronized, count: SpliceCount):
@@ -126,18 +149,19 @@ def _moments_forward(graph, layer: LayerPlan, site: Site, s: Synchronized, count
 
 
 def _moments_backward(graph, layer: LayerPlan, exchange, statistics, k: int, count: SpliceCount):
-    """The gradients arriving at every tower's mean (and variance) are summed across towers; each
-    tower's Mean gradient then receives n_t/N of the sum, so it hands Σ_s g_s / N to its x: the
-    gradient of the global moments. Together with the forward's global StopGradient this is the
-    exact gradient of the concatenated batch."""
+    """The gradients arriving at every tower's mean (and variance) are summed across towers, both
+    in one exchange; each tower's Mean gradient then receives n_t/N of the sum, so it hands
+    Σ_s g_s / N to its x: the gradient of the global moments. Together with the forward's global
+    StopGradient this is the exact gradient of the concatenated batch."""
     grads = [site.grad_ops[k] for site in layer.sites]
-    for which in ("mean", "variance"):
-        arriving = [getattr(g, which) for g in grads]
-        if all(a is None for a in arriving):
-            continue
-        totals = exchange.sums(graph, layer, layer.sites, [[a] for a in arriving], f"backward_{k}_{which}")
-        for site, g, a, s, (total,) in zip(layer.sites, grads, arriving, statistics, totals):
+    which = [w for w in ("mean", "variance") if any(getattr(g, w) is not None for g in grads)]
+    if not which:
+        return
+    totals = exchange.sums(graph, layer, layer.sites, [[getattr(g, w) for w in which] for g in grads],
+                           f"backward_{k}")
+    for site, g, s, tower_totals in zip(layer.sites, grads, statistics, totals):
+        for w, total in zip(which, tower_totals):
             with pristine_scope(graph, site.device, f"{site.op.name}_sync_grad_{k}"):
-                shared = tf.identity(stats.share(total, s.count, s.total), name=f"grad_{which}")
-            count.edges += reroute_consumers(a, shared, only=getattr(g, f"{which}_readers"))
-        count.grads_replaced += len(grads)
+                shared = tf.identity(stats.share(total, s.count, s.total), name=f"grad_{w}")
+            count.edges += reroute_consumers(getattr(g, w), shared, only=getattr(g, f"{w}_readers"))
+    count.grads_replaced += len(grads) * len(which)

@@ -43,12 +43,18 @@ def local_moments(x: tf.Tensor, layout: Layout):
     return size, mean, m2
 
 
-def merge_moments(ops, sizes, means, spreads, spread: str = "m2"):
+def merge_moments(ops, sizes, means, spreads, residuals=None, spread: str = "m2", epsilon: float = 0.0):
     """Global (n per tower, N, μ, σ² biased, σ²·N/(N−1)) from every tower's (size, m, spread), in
     float64, the spread being M2 or the Bessel-corrected variance (what the fused kernel reports).
     μ and the variances come back in the towers' dtype; n_t = size_t / (number of statistics).
     Products with n use MulNoNan: an empty tower's NaN statistics then weigh nothing. `ops` is a
-    tf_private.FastOps (this runs once per layer, so op creation cost matters)."""
+    tf_private.FastOps (this runs once per layer, so op creation cost matters).
+
+    `residuals` (fused layers, float32): each tower's Σy, y = (x − m̂)/s the kernel's normalized
+    output with γ = 1, β = 0 and s² = v + ε (graphsync.fused.local_moments). With d = s·Σy/n the
+    tower's true mean is m̂ + d and its M2 is Σ(x − m̂)² − n·d², corrected here in float64 for all
+    towers at once: the float32 m̂ alone would put ~1e-7·|μ| per tower into Chan's between-tower term.
+    """
     f64, dtype = tf.float64, means[0].dtype
     per_statistic = means[0].shape.num_elements() or ops.cast(tf.size(means[0]), f64)
     counts = ops.binary("RealDiv", ops.cast(ops.stack(sizes), f64), float(per_statistic)
@@ -60,6 +66,12 @@ def merge_moments(ops, sizes, means, spreads, spread: str = "m2"):
         m2 = ops.binary("MulNoNan", m2, ops.unary("Relu", ops.binary("Sub", n, 1.0)))
     else:
         m2 = ops.binary("MulNoNan", m2, ops.binary("Minimum", n, 1.0))
+    if residuals is not None and all(r is not None for r in residuals):
+        biased = ops.binary("DivNoNan", m2, n)
+        shift = ops.binary("DivNoNan", ops.binary("MulNoNan", ops.unary("Sqrt", ops.binary("AddV2", biased, float(epsilon))),
+                                                  ops.cast(ops.stack(residuals), f64)), n)
+        m = ops.binary("AddV2", m, shift)
+        m2 = ops.binary("Sub", m2, ops.binary("MulNoNan", ops.unary("Square", shift), n))
     total = ops.sum(counts, 0, name="count")
     mean = ops.binary("RealDiv", ops.sum(ops.binary("MulNoNan", m, n), 0), total)
     deviation = ops.binary("MulNoNan", ops.binary("SquaredDifference", m, mean), n)

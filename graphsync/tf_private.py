@@ -93,19 +93,21 @@ class FastOps:
     def __init__(self, graph: tf.Graph):
         self.graph = graph
         self._constants = {}
+        self._functions = set()
 
     def _op(self, op_type, inputs, name=None, **attrs):
         return create_op(self.graph, op_type, inputs, attrs, name or op_type).outputs
 
-    def constant(self, value, dtype):
-        """One constant per value, dtype and device for the whole rewrite: those of the
-        aggregation in graphsync/constants/, those of a tower in the scope that first needs them."""
-        key = (repr(value), tf.as_dtype(dtype).name, self._device())
+    def constant(self, value, dtype, shape=None):
+        """One constant per value, dtype, shape and device for the whole rewrite: those of the
+        aggregation in graphsync/constants/, those of a tower in the scope that first needs them.
+        With `shape`, a scalar value fills it (a splat: cheap to build whatever the size)."""
+        key = (repr(value), tf.as_dtype(dtype).name, shape and tuple(shape), self._device())
         if key not in self._constants:
             shared = self.graph.get_name_scope().startswith("graphsync/")
             with self.graph.control_dependencies(None), \
                     self.graph.name_scope("graphsync/constants/") if shared else contextlib.nullcontext():
-                self._constants[key] = tf.constant(value, dtype, name="constant")
+                self._constants[key] = tf.constant(value, dtype, shape=shape, name="constant")
         return self._constants[key]
 
     def _device(self) -> str:
@@ -149,3 +151,25 @@ class FastOps:
             return self.unary("Identity", values[0], name)
         return self._op("AddN", list(values), name, T=_type(values[0].dtype),
                         N=attr_value_pb2.AttrValue(i=len(values)))[0]
+
+    def concat(self, values, name=None):
+        return self._op("ConcatV2", list(values) + [self.constant(0, tf.int32)], name, T=_type(values[0].dtype),
+                        N=attr_value_pb2.AttrValue(i=len(values)), Tidx=_type(tf.int32))[0]
+
+    def split(self, value, sizes, name=None):
+        """Splits along axis 0 into pieces of the given static sizes."""
+        return self._op("SplitV", [value, self.constant(list(sizes), tf.int32), self.constant(0, tf.int32)], name,
+                        T=_type(value.dtype), Tlen=_type(tf.int32), num_split=attr_value_pb2.AttrValue(i=len(sizes)))
+
+    def call(self, function, inputs, name):
+        """One `PartitionedCall` of `function` (a traced tf.function's ConcreteFunction), whose
+        definition joins the graph's library on first use; TensorFlow inlines it before running."""
+        if function.name not in self._functions:
+            function.add_to_graph(self.graph)
+            self._functions.add(function.name)
+        types = lambda tensors: attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(  # noqa: E731
+            type=[t.dtype.as_datatype_enum for t in tensors]))
+        empty = attr_value_pb2.AttrValue(s=b"")
+        return self._op("PartitionedCall", list(inputs), name, Tin=types(inputs), Tout=types(function.outputs),
+                        f=attr_value_pb2.AttrValue(func=attr_value_pb2.NameAttrList(name=function.name)),
+                        config=empty, config_proto=empty, executor_type=empty)

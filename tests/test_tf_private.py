@@ -97,3 +97,17 @@ def test_make_server_def_is_what_a_server_is_built_from():
     assert (server_def.job_name, server_def.task_index, server_def.protocol) == ("worker", 1, "grpc")
     assert server_def.default_session_config.experimental.collective_group_leader == "/job:worker/replica:0/task:0"
     assert tf_private.make_server_def(server_def, None, None, None, None) == server_def
+
+
+def test_fast_ops_call_runs_a_traced_function_inlined_on_the_callers_device():
+    with tf.Graph().as_default():
+        function = tf.function(lambda a: (tf.cast(a, tf.float64) * 2.0, tf.size(a)),
+                               input_signature=[tf.TensorSpec(None, tf.float32)], autograph=False).get_concrete_function()
+    graph = tf.Graph()
+    with graph.as_default(), tf.device("/cpu:0"):
+        ops = tf_private.FastOps(graph)
+        x = tf.constant([1.0, 2.0, 3.0])
+        doubled, size = ops.call(function, [x], "double")
+        again = ops.call(function, [x], "again")[0]
+    assert doubled.op.type == "PartitionedCall" and doubled.dtype == tf.float64
+    np.testing.assert_array_equal(_run(graph, [doubled, size, again])[0], [2.0, 4.0, 6.0])

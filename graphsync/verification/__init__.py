@@ -30,6 +30,8 @@ DEFAULT_TOLERANCE = 1e-3
 ROUNDING_RUNS = 3       # exchanges and reorderings when a change exceeds the tolerance
 ROUNDING_FACTOR = 10    # a change passes when within this factor of what reordering inside the towers changes…
 ROUNDING_CAP = 0.1      # …up to this: per-tower statistics change the figures by 0.5 and more
+ROUNDING_FLOOR = 1.2e-7  # float32's epsilon: reordering may happen to change a figure by exactly 0 (e.g. the
+                         # loss when the statistics are accurate); one rounding step is still rounding
 
 
 def verify(graph, *, original=None, towers=None, inputs=None, loss=None, num_classes=None, feeds=None,
@@ -152,7 +154,7 @@ def _limit(figures: Figures, check: str, tolerance: float) -> float:
     rounding = (figures.rounding or {}).get(check)
     if rounding is None:
         return tolerance
-    return max(tolerance, min(ROUNDING_FACTOR * rounding, ROUNDING_CAP))
+    return max(tolerance, min(ROUNDING_FACTOR * max(rounding, ROUNDING_FLOOR), ROUNDING_CAP))
 
 
 def _verdict(figures: Figures, batch, tolerance: float) -> tuple[bool, str]:

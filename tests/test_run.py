@@ -1,7 +1,8 @@
 """`graphsync run` and SyncBatchNormHook: unchanged training scripts (tests/scripts/) train like one
-device on the concatenated batch — a plain Session loop, MonitoredTrainingSession, Supervisor and
-tf_slim's learning.train — and the same scripts under plain python do not; the script sees what
-python would give it; graphs are rewritten once, only when they have towers; failures are one line.
+device on the concatenated batch — a plain Session loop, MonitoredTrainingSession, Supervisor,
+tf_slim's learning.train and tensorpack's multi-GPU trainers — and the same scripts under plain
+python do not; the script sees what python would give it; graphs are rewritten once, only when
+they have towers; failures are one line.
 
 The TensorFlow subprocesses start together in one module fixture (each costs seconds to import
 TensorFlow); the one-device references run in this process.
@@ -27,6 +28,7 @@ from towerlib import max_rel_error
 tf1 = tf.compat.v1
 SCRIPTS = os.path.join(ROOT, "tests", "scripts")
 TRAIN, SLIM = os.path.join(SCRIPTS, "train.py"), os.path.join(SCRIPTS, "train_slim.py")
+TENSORPACK = os.path.join(SCRIPTS, "train_tensorpack.py")
 BEHAVIOUR, SEVERAL = os.path.join(SCRIPTS, "behaviour.py"), os.path.join(SCRIPTS, "several_graphs.py")
 sys.path.insert(0, SCRIPTS)
 import tower_model  # noqa: E402  (the scripts' own model module)
@@ -70,6 +72,10 @@ def runs(tmp_path_factory):
         "python": [sys.executable, TRAIN, str(tmp / "plain.npz"), "--loop", "session", "--loop", "monitored",
                    "--hook"],
         "slim": _graphsync() + ["run", "--report", str(tmp / "slim.json"), SLIM, str(tmp / "slim")],
+        "tensorpack": _graphsync() + ["run", "--report", str(tmp / "tensorpack.json"), TENSORPACK,
+                                      str(tmp / "tensorpack"), "--trainer", "replicated", "--trainer", "ps"],
+        "tensorpack under python": [sys.executable, TENSORPACK, str(tmp / "tensorpack_python"),
+                                    "--trainer", "replicated", "--trainer", "simple"],
     }
     started = {name: _start(args) for name, args in commands.items()}
     done = {name: _finish(process) for name, process in started.items()}
@@ -219,6 +225,41 @@ def test_tf_slim_learning_train_under_graphsync_run_trains_like_one_clone(runs):
     assert [g["towers"] for g in report["graphs"]] == [["clone_0", "clone_1"]]
     assert len(report["graphs"][0]["layers"]) == 2
     assert _graphsync_lines(done["slim"].stderr) == [f"graphsync: {report['graphs'][0]['summary']}"]
+
+
+# --------------------------------------------------------------------------------------------
+# A third-party trainer that builds the towers, owns the session and runs the loop: tensorpack
+
+
+def _checkpoint(directory) -> dict:
+    checkpoint = tf.train.load_checkpoint(str(directory))
+    return {name: checkpoint.get_tensor(name) for name in checkpoint.get_variable_to_shape_map()
+            if "global_step" not in name}
+
+
+def test_tensorpack_trainers_under_graphsync_run_train_like_one_device(runs):
+    """SyncMultiGPUTrainerReplicated (one copy of every variable per tower, tower 1's local) and
+    …ParameterServer (shared variables), towers on /gpu:k soft-placed on this machine, against
+    tensorpack's SimpleTrainer on the whole batch (under plain python): tensorpack's BatchNorm
+    (fused) and a tf.layers batch norm (moments), with their moving averages."""
+    tmp, done = runs
+    one_device = _checkpoint(tmp / "tensorpack_python" / "simple")
+    assert sum("EMA" in name or "moving" in name for name in one_device) == 4 and len(one_device) == 12
+    for trainer in ("replicated", "ps"):
+        trained = _checkpoint(tmp / "tensorpack" / trainer)
+        assert sorted(trained) == sorted(one_device), trainer
+        assert max_rel_error(trained, one_device) < SYNCED, trainer
+    report = json.loads((tmp / "tensorpack.json").read_text())
+    assert [g["towers"] for g in report["graphs"]] == [["tower0", "tower1"]] * 2
+    assert [len(g["layers"]) for g in report["graphs"]] == [2, 2]
+    assert _graphsync_lines(done["tensorpack"].stderr) == [f"graphsync: {g['summary']}" for g in report["graphs"]]
+
+
+def test_the_tensorpack_script_under_plain_python_does_not(runs):
+    tmp, done = runs
+    one_device = _checkpoint(tmp / "tensorpack_python" / "simple")
+    assert max_rel_error(_checkpoint(tmp / "tensorpack_python" / "replicated"), one_device) > UNSYNCED
+    assert _graphsync_lines(done["tensorpack under python"].stderr) == []
 
 
 # --------------------------------------------------------------------------------------------

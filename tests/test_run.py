@@ -240,21 +240,31 @@ def _checkpoint(directory) -> dict:
             if "global_step" not in name}
 
 
+def _validation_cost(directory) -> float:
+    """The InferenceRunner's cost after the step (moving statistics in inference mode), from stats.json."""
+    return json.loads((directory / "stats.json").read_text())[-1]["validation_cost"]
+
+
 def test_tensorpack_trainers_under_graphsync_run_train_like_one_device(runs):
     """SyncMultiGPUTrainerReplicated (one copy of every variable per tower, tower 1's local) and
     …ParameterServer (shared variables), towers on /gpu:k soft-placed on this machine, against
-    tensorpack's SimpleTrainer on the whole batch (under plain python): tensorpack's BatchNorm
-    (fused) and a tf.layers batch norm (moments), with their moving averages."""
+    tensorpack's SimpleTrainer on the whole batch (under plain python): tensorpack's BatchNorm with
+    its updates run by a callback or inside the forward pass (fused) and a tf.layers batch norm
+    (moments); the inference tower the InferenceRunner adds is left alone and sees the same model."""
     tmp, done = runs
     one_device = _checkpoint(tmp / "tensorpack_python" / "simple")
-    assert sum("EMA" in name or "moving" in name for name in one_device) == 4 and len(one_device) == 12
+    assert sum("EMA" in name or "moving" in name for name in one_device) == 6 and len(one_device) == 17
     for trainer in ("replicated", "ps"):
         trained = _checkpoint(tmp / "tensorpack" / trainer)
         assert sorted(trained) == sorted(one_device), trainer
         assert max_rel_error(trained, one_device) < SYNCED, trainer
+        assert _validation_cost(tmp / "tensorpack" / trainer) == \
+            pytest.approx(_validation_cost(tmp / "tensorpack_python" / "simple"), rel=SYNCED)
     report = json.loads((tmp / "tensorpack.json").read_text())
     assert [g["towers"] for g in report["graphs"]] == [["tower0", "tower1"]] * 2
-    assert [len(g["layers"]) for g in report["graphs"]] == [2, 2]
+    assert [len(g["layers"]) for g in report["graphs"]] == [3, 3]
+    for graph in report["graphs"]:   # the inference tower's two fused batch norms (bn2 is moments there)
+        assert [s["reason"].split(" (")[0] for s in graph["skipped"]] == ["inference mode"] * 2
     assert _graphsync_lines(done["tensorpack"].stderr) == [f"graphsync: {g['summary']}" for g in report["graphs"]]
 
 
@@ -262,6 +272,8 @@ def test_the_tensorpack_script_under_plain_python_does_not(runs):
     tmp, done = runs
     one_device = _checkpoint(tmp / "tensorpack_python" / "simple")
     assert max_rel_error(_checkpoint(tmp / "tensorpack_python" / "replicated"), one_device) > UNSYNCED
+    assert _validation_cost(tmp / "tensorpack_python" / "replicated") != \
+        pytest.approx(_validation_cost(tmp / "tensorpack_python" / "simple"), rel=UNSYNCED)
     assert _graphsync_lines(done["tensorpack under python"].stderr) == []
 
 

@@ -25,9 +25,9 @@ tf1 = tf.compat.v1
 tf1.disable_eager_execution()
 
 from tensorpack import (  # noqa: E402
-    BatchNorm, Conv2D, DataFromList, FullyConnected, GlobalAvgPooling, ModelDesc, ModelSaver, QueueInput,
-    SimpleTrainer, SyncMultiGPUTrainerParameterServer, SyncMultiGPUTrainerReplicated, TrainConfig,
-    launch_train_with_config, logger)
+    BatchNorm, Conv2D, DataFromList, FullyConnected, GlobalAvgPooling, InferenceRunner, ModelDesc, ModelSaver,
+    QueueInput, ScalarStats, SimpleTrainer, SyncMultiGPUTrainerParameterServer, SyncMultiGPUTrainerReplicated,
+    TrainConfig, launch_train_with_config, logger)
 from tensorpack.tfutils.collection import freeze_collection  # noqa: E402
 from tensorpack.tfutils.tower import get_current_tower_context  # noqa: E402
 
@@ -45,7 +45,10 @@ def data(seed=0):
 
 
 class Model(ModelDesc):
-    """conv → tensorpack BatchNorm → relu → conv → tf.layers batch norm (moments) → relu → dense."""
+    """conv → tensorpack BatchNorm → relu → conv → tf.layers batch norm (moments) → relu → conv →
+    tensorpack BatchNorm updating its moving averages inside the forward pass → relu → dense.
+    bn1's updates run by tensorpack's RunUpdateOps callback, bn3's with the output, only in the
+    main tower; the InferenceRunner's tower uses them all in inference mode."""
 
     def inputs(self):
         return [tf.TensorSpec((None, 8, 8, 3), tf.float32, "images"), tf.TensorSpec((None,), tf.int32, "labels")]
@@ -56,11 +59,13 @@ class Model(ModelDesc):
         h = Conv2D("conv2", h, 6, 3, use_bias=False, kernel_initializer=tf1.glorot_uniform_initializer(seed=2))
         # like tensorpack's own BatchNorm, only the main tower's moving-average updates go to UPDATE_OPS
         # (with the parameter-server trainer's shared variables, every tower's would update them)
-        main = get_current_tower_context().is_main_training_tower
-        with freeze_collection([] if main else [tf1.GraphKeys.UPDATE_OPS]):
-            h = tf1.layers.batch_normalization(h, training=True, fused=False, name="bn2",
+        context = get_current_tower_context()
+        with freeze_collection([] if context.is_main_training_tower else [tf1.GraphKeys.UPDATE_OPS]):
+            h = tf1.layers.batch_normalization(h, training=context.is_training, fused=False, name="bn2",
                                                gamma_initializer=tf1.random_uniform_initializer(0.5, 1.5, seed=3))
         h = tf.nn.relu(h)
+        h = Conv2D("conv3", h, 6, 3, use_bias=False, kernel_initializer=tf1.glorot_uniform_initializer(seed=5))
+        h = tf.nn.relu(BatchNorm("bn3", h, ema_update="internal"))
         logits = FullyConnected("logits", GlobalAvgPooling("gap", h), CLASSES,
                                 kernel_initializer=tf1.glorot_uniform_initializer(seed=4))
         return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits), name="cost")
@@ -88,7 +93,8 @@ def main():
         logger.set_logger_dir(os.path.join(args.out, trainer), action="d")
         with tf.Graph().as_default():
             config = TrainConfig(model=Model(), data=QueueInput(DataFromList(batches, shuffle=False)),
-                                 callbacks=[ModelSaver()], session_config=CONFIG, steps_per_epoch=1, max_epoch=1)
+                                 callbacks=[ModelSaver(), InferenceRunner(DataFromList(batches, shuffle=False), ScalarStats("cost"))],
+                                 session_config=CONFIG, steps_per_epoch=1, max_epoch=1)
             launch_train_with_config(config, TRAINERS[trainer](towers))
         print(f"tensorpack trained {towers} tower(s) with {trainer}")
 

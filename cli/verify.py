@@ -1,7 +1,6 @@
 """`graphsync verify`: the self-check of a rewritten graph, as a command (see graphsync.verify).
 
-Registered on the `graphsync` group by cli/main.py. The shell's helpers (quiet TensorFlow import,
-one-line errors) are looked up when the command runs, so this module imports on its own.
+Registered on the `graphsync` group by cli/main.py; uses only the shared shell (cli/shell.py).
 """
 from __future__ import annotations
 
@@ -9,16 +8,9 @@ import json
 
 import click
 
+from cli import shell
+
 EXIT_NOT_SYNCHRONIZED = 3
-
-
-def _shell():
-    from cli import main as shell  # noqa: PLC0415 (cli.main registers this command)
-    return shell
-
-
-def _check_regex(ctx, param, value):
-    return _shell()._check_regex(ctx, param, value)  # pylint: disable=protected-access
 
 
 def _parse_feed(ctx, param, values):
@@ -68,11 +60,8 @@ checked (inputs or loss not found, or it does not run), 2 usage error.""")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random examples.")
 @click.option("--tolerance", type=click.FloatRange(min=0.0), metavar="X",
               help="Largest relative change that passes (default: 1e-3; float rounding stays below 1e-4).")
-@click.option("--towers", metavar="REGEX", callback=_check_regex,
-              help="Regular expression whose match at the start of an op name is its tower's scope "
-                   "(default: discover tower_0/, tower0/, clone_0/, replica_1/ …).")
-@click.option("--tags", metavar="TAGS",
-              help="SavedModel input: comma-separated tags of the meta graph to use (needed when it has several).")
+@shell.towers_option
+@shell.tags_option
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
 @click.option("-v", "--verbose", is_flag=True, help="Say more: every layer's traffic.")
 def verify(graph_path, original_path, inputs, loss, num_classes, feeds, batch_size, group_size, seed, tolerance,
@@ -86,13 +75,12 @@ def verify(graph_path, original_path, inputs, loss, num_classes, feeds, batch_si
     shows, from TensorFlow's step statistics, which per-tower batch-norm ops still run (after a
     rewrite: none) and the bytes each synchronized layer moves across devices per step.
     """
-    shell = _shell()
-    shell._precheck_paths(graph_path)  # pylint: disable=protected-access
+    shell.precheck_paths(graph_path)
     if original_path:
-        shell._precheck_paths(original_path)  # pylint: disable=protected-access
-    graphsync = shell._library(verbose)  # pylint: disable=protected-access
+        shell.precheck_paths(original_path)
+    graphsync = shell.library(verbose)
     from graphsync.verification import DEFAULT_TOLERANCE  # noqa: PLC0415
-    with shell._library_errors(), shell._shown_warnings(False, verbose):  # pylint: disable=protected-access
+    with shell.library_errors(), shell.shown_warnings(False, verbose):
         report = graphsync.verify(
             graph_path, original=original_path, towers=towers, inputs=list(inputs), loss=loss,
             num_classes=num_classes, feeds=feeds, batch_size=batch_size, group_size=group_size, seed=seed,

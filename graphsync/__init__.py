@@ -3,6 +3,9 @@
     import graphsync
     report = graphsync.rewrite_towers()   # after building the towers (and, ideally, their gradients)
 
+or, for loops that own the session, `hooks=[graphsync.SyncBatchNormHook()]`; or, with no edit at
+all, `graphsync run train.py` (graphsync.autosync).
+
 Importing graphsync registers the gradients its rewritten graphs use. When TensorFlow is not
 imported yet (e.g. `python -m graphsync`), the library loads on first use instead, so the command
 line can keep TensorFlow's start-up lines off the terminal.
@@ -20,6 +23,8 @@ _EXPORTS = {
     "RewriteReport": "graphsync.report",
     "LayerReport": "graphsync.report",
     "SkippedReport": "graphsync.report",
+    "SyncBatchNormHook": "graphsync.hook",
+    "AutoSync": "graphsync.autosync",
     "verify": "graphsync.verification",
     "VerifyReport": "graphsync.verification",
 }

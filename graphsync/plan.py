@@ -11,7 +11,7 @@ import dataclasses
 import tensorflow as tf
 
 from graphsync import match, tf_private
-from graphsync.errors import GraphsyncError
+from graphsync.errors import GraphsyncError, NoTowersError
 from graphsync.stats import Layout
 from graphsync.towers import ROOT, Tower, find_towers, tower_of
 
@@ -121,7 +121,7 @@ def _match_and_pair(graph: tf.Graph, towers, device, process_group) -> Plan:
         found_towers = find_towers([], [ROOT])   # one replica per worker graph: the whole graph
         explicit = True
     if not found_towers:
-        raise GraphsyncError(
+        raise NoTowersError(
             f"no towers found among {len(live)} batch-norm ops (e.g. {live[0].name}): expected scopes "
             "like tower_0/, tower0/, clone_0/, replica_1/; name yours with towers=REGEX or a list of prefixes")
 

@@ -1,6 +1,8 @@
 """`rewrite_towers`: load → find towers → match layers → plan → splice → check."""
 from __future__ import annotations
 
+import weakref
+
 import tensorflow as tf
 
 from graphsync import splice, tf_private
@@ -8,6 +10,8 @@ from graphsync.errors import GraphsyncError
 from graphsync.exchange import ProcessGroup, make_exchange
 from graphsync.plan import Plan, make_plan
 from graphsync.report import LayerReport, RewriteReport, SkippedReport
+
+_rewritten_graphs = weakref.WeakSet()   # every graph rewrite_towers went through (see was_rewritten)
 
 
 def rewrite_towers(graph: tf.Graph | None = None, *, towers=None, device: str | None = None,
@@ -48,7 +52,14 @@ def rewrite_towers(graph: tf.Graph | None = None, *, towers=None, device: str | 
         report.layers.append(LayerReport(layer.name, layer.kind, tuple(s.op.name for s in layer.sites),
                                          "rewritten" if layer.has_gradients else "autodiff"))
     _check(plan)
+    _rewritten_graphs.add(graph)
     return report
+
+
+def was_rewritten(graph: tf.Graph) -> bool:
+    """Whether rewrite_towers already went through `graph` in this process (the script's own call,
+    a SyncBatchNormHook, or `graphsync run`): graphsync.autosync then leaves it alone."""
+    return graph in _rewritten_graphs
 
 
 def _check(plan: Plan) -> None:

@@ -55,6 +55,13 @@ def pristine_scope(graph: tf.Graph, device: str | None, name_scope: str):
         graph._set_control_flow_context(saved_flow)  # pylint: disable=protected-access
 
 
+def session_base_class() -> type:
+    """The class every TF1 session derives from (Session, InteractiveSession, and the sessions
+    MonitoredSession, Supervisor and SessionManager create)."""
+    from tensorflow.python.client import session  # pylint: disable=import-outside-toplevel
+    return session.BaseSession
+
+
 def create_op(graph: tf.Graph, op_type: str, inputs: list, attrs: dict, name: str) -> tf.Operation:
     """Creates an op without the Python argument inference of `tf.raw_ops` (about half the cost of
     each op a rewrite adds); attrs maps names to AttrValue protos and must be complete."""

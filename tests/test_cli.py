@@ -21,7 +21,8 @@ from click.testing import CliRunner
 import graphsync
 from fixture_paths import (CHECKPOINT, FIXTURES, FORWARD, META1, META2, META4, MOMENTS1, MOMENTS2, ROOT,
                            SAVEDMODEL)
-from cli.main import Progress, main
+from cli.main import main
+from cli.shell import Progress
 
 tf1 = tf.compat.v1
 CONFIG = tf1.ConfigProto(device_count={"CPU": 4}, inter_op_parallelism_threads=2,

@@ -65,3 +65,9 @@ def test_create_op_and_fast_ops_match_the_public_ops():
         assert ops.constant(2.0, tf.float32) is ops.constant(2.0, tf.float32)   # cached
     for g, w in zip(*_run(graph, (got, want))):
         np.testing.assert_array_equal(g, w)
+
+
+def test_every_session_class_derives_from_the_session_base_class():
+    base = tf_private.session_base_class()
+    assert issubclass(tf1.Session, base) and issubclass(tf1.InteractiveSession, base)
+    assert "__new__" not in base.__dict__   # graphsync.autosync adds (and removes) its own

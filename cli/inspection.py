@@ -1,0 +1,127 @@
+"""`graphsync inspect`: what a rewrite would do to a saved graph, as text or JSON; writes nothing.
+
+(Named inspection, not inspect, so that running a file of this directory as a script cannot
+shadow the standard library's inspect module.)
+"""
+from __future__ import annotations
+
+import json
+
+import click
+
+from cli import shell
+
+
+@click.command(epilog="""\b
+Examples:
+  graphsync inspect train.meta
+  graphsync inspect train.meta -v           # every op of every layer in every tower
+  graphsync inspect export_dir --tags train --json""")
+@click.argument("input_path", metavar="INPUT", type=click.Path(dir_okay=True))
+@shell.towers_option
+@shell.device_option
+@shell.strategy_option
+@shell.group_size_option
+@shell.tags_option
+@click.option("--json", "as_json", is_flag=True, help="Print the inspection as JSON on stdout.")
+@shell.verbose_option
+def inspect(input_path, towers, device, strategy, group_size, tags, as_json, verbose):
+    """Show the towers in INPUT and every batch-norm candidate: what a rewrite would synchronize,
+    what it would leave alone and why, and whether gradients are already built. Writes nothing."""
+    shell.precheck_paths(input_path)
+    graphsync = shell.library(verbose)
+    shell.check_device(device)
+    with shell.library_errors(), shell.shown_warnings(False, verbose):
+        loaded = graphsync.io.load(input_path, tags)
+        plan = graphsync.plan.make_plan(loaded.graph, towers, device, strategy=strategy, group_size=group_size)
+    info = _inspection(loaded, plan)
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+    else:
+        click.echo(_format_inspection(info, verbose))
+
+
+def _inspection(loaded, plan) -> dict:
+    """What `inspect` shows, as plain data."""
+    devices = _tower_devices(loaded.graph, plan)
+    layers = []
+    for layer in plan.layers:
+        layers.append({
+            "name": layer.name, "kind": layer.kind, "synchronize": True,
+            "gradients": layer.has_gradients, "grad_ops_per_tower": len(layer.sites[0].grad_ops),
+            "sites": [{"tower": s.tower.label, "op": s.op.name, "device": s.device} for s in layer.sites]})
+    skipped = []
+    for op_name, reason in plan.skipped:
+        tower = next((t.label for t in sorted(plan.towers, key=lambda t: -len(t.prefix))
+                      if t.prefix and op_name.startswith(t.prefix)), None)
+        skipped.append({"op": op_name, "tower": tower, "reason": reason})
+    n_layers, n_towers = len(layers), len(plan.towers)
+    with_grads = sum(layer["gradients"] for layer in layers)
+    if not layers:
+        if n_towers == 0:
+            summary = "no towers found" if skipped else "no batch norm found"
+        elif n_towers == 1:
+            summary = f"1 tower ({plan.towers[0].label}): nothing to synchronize across"
+        else:
+            summary = f"0 layers × {n_towers} towers: nothing to synchronize"
+    else:
+        grads = ("gradients present" if with_grads == n_layers else "no gradients yet" if not with_grads
+                 else f"gradients present for {with_grads} of {n_layers} layers")
+        summary = f"{n_layers} layer{'s' * (n_layers != 1)} × {n_towers} towers, {grads}"
+    return {"input": loaded.path, "format": loaded.format, "tags": list(loaded.tags),
+            "ops": len(loaded.graph.get_operations()),
+            "towers": [{"name": t.label, "prefix": t.prefix, "device": devices.get(t.label, "")}
+                       for t in plan.towers],
+            "device": plan.device, "strategy": plan.strategy,
+            "groups": [[plan.towers[i].label for i in g] for g in plan.groups],
+            "layers": layers, "skipped": skipped, "summary": summary}
+
+
+def _tower_devices(graph, plan) -> dict:
+    """Each tower's device: that of its batch-norm ops, else the most common among its ops."""
+    devices = {}
+    if plan.layers:
+        for site in plan.layers[0].sites:
+            devices[site.tower.label] = site.device
+    for tower in plan.towers:
+        if tower.label in devices:
+            continue
+        counts = {}
+        for op in graph.get_operations():
+            if op.device and op.name.startswith(tower.prefix):
+                counts[op.device] = counts.get(op.device, 0) + 1
+        devices[tower.label] = max(counts, key=counts.get) if counts else ""
+    return devices
+
+
+def _format_inspection(info: dict, verbose: bool) -> str:
+    lines = [f"{info['input']}: {info['format']}"
+             + (f" (tags {','.join(info['tags'])})" if info["tags"] else "") + f", {info['ops']} ops"]
+    towers = info["towers"]
+    lines.append(f"towers ({len(towers)}):" + ("" if towers else " none"))
+    for t in towers:
+        lines.append(f"  {t['name']:<12} {t['device'] or '(no device)'}")
+    if info["layers"]:
+        if info["strategy"] == "allreduce":
+            lines.append("statistics all-reduced on the towers' own devices (CollectiveReduceV2)")
+        else:
+            lines.append(f"statistics combined on {info['device'] or '(default device)'}")
+        if len(info["groups"]) > 1:
+            lines.append(f"sync groups ({len(info['groups'])}): "
+                         + "; ".join(", ".join(group) for group in info["groups"]))
+        width = max(len(layer["name"]) for layer in info["layers"])
+        kinds = max(4, max(len(layer["kind"]) for layer in info["layers"]))
+        lines.append(f"batch-norm layers ({len(info['layers'])}), one op in each tower:")
+        lines.append(f"  {'layer':<{width}}  {'kind':<{kinds}}  would  gradient ops per tower")
+        for layer in info["layers"]:
+            lines.append(f"  {layer['name']:<{width}}  {layer['kind']:<{kinds}}  sync   "
+                         f"{layer['grad_ops_per_tower'] if layer['gradients'] else 'none yet'}")
+            if verbose:
+                for site in layer["sites"]:
+                    lines.append(f"      {site['tower']:<10} {site['op']}  {site['device']}")
+    if info["skipped"]:
+        lines.append(f"left alone ({len(info['skipped'])}):")
+        for s in info["skipped"]:
+            lines.append(f"  {s['op']}" + (f" [{s['tower']}]" if s["tower"] else "") + f": {s['reason']}")
+    lines.append(info["summary"])
+    return "\n".join(lines)

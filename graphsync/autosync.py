@@ -1,0 +1,244 @@
+"""Synchronizing the multi-tower graphs of an unchanged script, just before each is first used.
+
+`graphsync run train.py` installs an AutoSync before the script starts. Once TensorFlow is
+imported (by the script, whenever it does), two entry points are patched:
+
+    BaseSession.__new__   every session class (Session, InteractiveSession, the sessions that
+                          MonitoredSession, Supervisor and SessionManager create) on its graph
+    Graph.finalize        Supervisor and Scaffold freeze the graph before any session exists
+
+Whichever comes first hands the graph to `AutoSync.first_use`, which rewrites it at most once:
+graphs without towers or without batch norm, and graphs the script rewrote itself with
+`rewrite_towers()`, are left alone. The per-graph choice is `AutoSync.options_for(graph)` (None:
+leave it alone), and the patch table is `AutoSync.patch_points()`: a subclass extends either
+without touching the rest.
+
+Nothing here imports TensorFlow: until the script imports it, the only cost is one entry in
+sys.meta_path that waits for the `tensorflow` package to finish importing.
+"""
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import os
+import sys
+import threading
+import warnings
+import weakref
+
+ON_ERROR = ("fail", "warn")
+
+
+class AutoSync:
+    """Rewrites every multi-tower graph once, before its first session or its finalization.
+
+    options:  keyword arguments of rewrite_towers (towers, device, strategy, group_size).
+    on_error: 'fail' — a graph that cannot be rewritten stops the script (one line on stderr,
+              SystemExit(1)), the graph untouched; 'warn' — one line, and the script runs on
+              with that graph unsynchronized.
+    quiet / verbose: no lines but errors / also the layer table and the graphs left alone.
+    """
+
+    def __init__(self, *, on_error: str = "fail", quiet: bool = False, verbose: bool = False, stream=None,
+                 **options):
+        if on_error not in ON_ERROR:
+            raise ValueError(f"on_error must be one of {ON_ERROR}, not {on_error!r}")
+        self.options = options
+        self.on_error = on_error
+        self.quiet, self.verbose = quiet, verbose
+        self.stream = stream
+        self.reports: list = []                     # RewriteReport of every graph rewritten, in order
+        self._seen = weakref.WeakSet()               # graphs already decided
+        self._graphs_seen = 0
+        self._lock = threading.RLock()
+        self._undo: list = []
+        self._waiting = None
+
+    # -- the per-graph decision ------------------------------------------------------------
+
+    def options_for(self, graph) -> dict | None:
+        """rewrite_towers' keyword arguments for `graph`, or None to leave it alone."""
+        return dict(self.options)
+
+    def first_use(self, graph) -> None:
+        """Called by the patches before a graph's first session or its finalization."""
+        with self._lock:
+            if graph in self._seen:
+                return
+            self._seen.add(graph)
+            self._graphs_seen += 1
+            number = self._graphs_seen
+            from graphsync import rewrite  # TensorFlow is imported by now
+            if rewrite.was_rewritten(graph):
+                self._say(f"graph {number}: already rewritten by the script", verbose_only=True)
+                return
+            options = self.options_for(graph)
+            if options is None:
+                return
+            self._rewrite(graph, number, options)
+
+    def _rewrite(self, graph, number: int, options: dict) -> None:
+        from graphsync.errors import GraphsyncError, GraphsyncWarning, NoTowersError
+        from graphsync.rewrite import rewrite_towers
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", GraphsyncWarning)
+            try:
+                report = rewrite_towers(graph, **options)
+            except NoTowersError as exc:
+                self._say(f"graph {number} left alone: {_one_line(exc)}", verbose_only=True)
+                return
+            except GraphsyncError as exc:
+                self.failed(graph, _one_line(exc))
+                return
+            except Exception as exc:  # noqa: BLE001 - the user gets one line, never a traceback
+                if os.environ.get("GRAPHSYNC_DEBUG"):
+                    raise
+                self.failed(graph, f"internal error: {type(exc).__name__}: {_one_line(exc)} "
+                                   "(set GRAPHSYNC_DEBUG=1 for the traceback, and please report it)", fatal=True)
+                return
+            finally:
+                for warning in caught:
+                    if issubclass(warning.category, GraphsyncWarning):
+                        self._say(f"warning: {_one_line(warning.message)}")
+                    else:
+                        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+        if report.changed:
+            self.rewritten(graph, report)
+        else:
+            self._say(f"graph {number} left alone: {report.summary}", verbose_only=True)
+
+    # -- what the user sees ----------------------------------------------------------------
+
+    def rewritten(self, graph, report) -> None:
+        self.reports.append(report)
+        if self.verbose:
+            for line in str(report).splitlines():
+                self._say(line)
+        else:
+            self._say(report.summary)
+
+    def failed(self, graph, message: str, fatal: bool = False) -> None:
+        """A graph that cannot be rewritten (left untouched): stop, or warn and go on."""
+        if self.on_error == "warn" and not fatal:
+            self._say(f"warning: {message} (running unsynchronized)", error=True)
+            return
+        self._say(f"error: {message}", error=True)
+        raise SystemExit(1)
+
+    def _say(self, line: str, verbose_only: bool = False, error: bool = False) -> None:
+        if (self.quiet and not error) or (verbose_only and not self.verbose):
+            return
+        stream = self.stream or sys.stderr
+        stream.write(f"graphsync: {line}\n")
+        stream.flush()
+
+    # -- the patches -----------------------------------------------------------------------
+
+    def patch_points(self) -> list:
+        """(owner, attribute, replacement) for every TensorFlow entry point to intercept; called
+        once TensorFlow is imported."""
+        import tensorflow as tf
+
+        from graphsync import tf_private
+        first_use = self.first_use
+        session_class = tf_private.session_base_class()
+        original_finalize = tf.Graph.finalize
+
+        def new_session(cls, *args, **kwargs):
+            graph = kwargs.get("graph", args[1] if len(args) > 1 else None)
+            first_use(graph if isinstance(graph, tf.Graph) else tf.compat.v1.get_default_graph())
+            return object.__new__(cls)
+
+        def finalize(graph):
+            if not graph.finalized:
+                first_use(graph)
+            return original_finalize(graph)
+
+        return [(session_class, "__new__", staticmethod(new_session)), (tf.Graph, "finalize", finalize)]
+
+    def install(self) -> "AutoSync":
+        """Patches TensorFlow now if it is imported, else as soon as it is."""
+        module = sys.modules.get("tensorflow")
+        if module is not None and not getattr(getattr(module, "__spec__", None), "_initializing", False):
+            self._patch()
+        else:
+            self._waiting = _AfterImport("tensorflow", lambda _module: self._patch())
+            sys.meta_path.insert(0, self._waiting)
+        return self
+
+    def uninstall(self) -> None:
+        """Undoes the patches (or stops waiting for TensorFlow)."""
+        if self._waiting is not None and self._waiting in sys.meta_path:
+            sys.meta_path.remove(self._waiting)
+        self._waiting = None
+        for owner, attribute, saved in reversed(self._undo):
+            if saved is _ABSENT:
+                delattr(owner, attribute)
+            else:
+                setattr(owner, attribute, saved)
+        self._undo.clear()
+
+    def _patch(self) -> None:
+        try:
+            self._check_options()
+            points = self.patch_points()
+        except Exception as exc:  # noqa: BLE001 - a bad option is one line, like a bad graph
+            if os.environ.get("GRAPHSYNC_DEBUG"):
+                raise
+            self.failed(None, _one_line(exc), fatal=True)
+            return
+        for owner, attribute, replacement in points:
+            self._undo.append((owner, attribute, owner.__dict__.get(attribute, _ABSENT)))
+            setattr(owner, attribute, replacement)
+
+    def _check_options(self) -> None:
+        """What needs TensorFlow to validate (the device name), checked when it is imported."""
+        device = self.options.get("device")
+        if device:
+            import tensorflow as tf
+            try:
+                tf.DeviceSpec.from_string(device)
+            except (ValueError, TypeError) as exc:
+                raise ValueError(f"invalid --device {device!r}: {_one_line(exc)}") from None
+
+    def __enter__(self):
+        return self.install()
+
+    def __exit__(self, *exc_info):
+        self.uninstall()
+
+
+_ABSENT = object()
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Calls `callback(module)` once the module `name` has finished executing, by wrapping its
+    loader's exec_module for that one import; then steps out of sys.meta_path."""
+
+    def __init__(self, name: str, callback):
+        self.name, self.callback = name, callback
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != self.name:
+            return None
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        exec_module = loader.exec_module
+
+        def exec_then_call(module):
+            try:
+                exec_module(module)
+            finally:
+                loader.__dict__.pop("exec_module", None)
+            self.callback(module)
+
+        loader.exec_module = exec_then_call
+        return spec
+
+
+def _one_line(text) -> str:
+    return " ".join(str(text).split())

@@ -21,7 +21,7 @@ from graphsync.verification.discovery.loss import GRADIENT_SCOPE
 
 GLOBAL = "global"
 # Ops that carry a whole batch to the towers without mixing its examples.
-PLUMBING = ("Identity", "IdentityN", "Snapshot", "StopGradient", "Cast", "Reshape", "Squeeze", "ExpandDims",
+PLUMBING = ("Identity", "IdentityN", "Snapshot", "StopGradient", "EnsureShape", "Cast", "Reshape", "Squeeze", "ExpandDims",
             "Split", "SplitV", "Slice", "StridedSlice", "Unpack", "GatherV2", "Gather", "Transpose",
             "Enter", "Switch", "Merge")
 SLICING = ("Split", "SplitV", "Slice", "StridedSlice", "Unpack", "GatherV2", "Gather")

@@ -80,7 +80,7 @@ def _found(graph, towers, fetches, user_tensors, num_classes, notes) -> list[Inp
     found_entries, whole, noise = [], [], []
     for source in sources.find(needed):
         tensor = source.tensor
-        where = entries.find(tensor, needed, tower_of_op) if tensor.shape.rank else entries.GLOBAL
+        where = entries.find(tensor, needed, tower_of_op) if tensor.shape.rank != 0 else entries.GLOBAL
         if where == entries.GLOBAL:
             whole.append(source)
             continue
@@ -96,7 +96,7 @@ def _found(graph, towers, fetches, user_tensors, num_classes, notes) -> list[Inp
                     how += f", fed after its preprocessing ({read.op.type})"
                 found_entries.append(pairing.Entry(tower, read, how, tensor))
     found = []
-    for group in sorted(pairing.pair(found_entries, towers, needed, tower_of_op), key=lambda g: g[0].tensor.name):
+    for group in sorted(pairing.pair(found_entries, towers, needed, tower_of_op), key=_images_first):
         tensor_names = [e.tensor.name for e in group]
         found.append(inputs.batch(graph, "per_tower", tensor_names, num_classes, origin=group[0].origin))
     for source in whole:
@@ -116,3 +116,8 @@ def _found(graph, towers, fetches, user_tensors, num_classes, notes) -> list[Inp
                      "they draw new values in every run")
     return found
 
+
+def _images_first(group) -> tuple:
+    """Float inputs (images) before integer ones (labels), then by name."""
+    tensor = group[0].tensor
+    return not tensor.dtype.is_floating, tensor.name

@@ -413,3 +413,39 @@ def test_no_loss_found_compares_gradients_and_moving_statistics():
     assert report.loss == [] and report.rewritten.loss is None and report.rewritten.gradients is not None
     assert "loss: none found" in report.format()
     assert any(note.startswith("no loss found") for note in report.notes)
+
+
+def _with_dropout(rewrite):
+    """Per-tower placeholders of unknown batch size, dropout after the batch norm (its mask's shape
+    comes from the activation at run time) and Gaussian noise on the images."""
+    graph = tf.Graph()
+    with graph.as_default():
+        optimizer = tf1.train.GradientDescentOptimizer(0.1)
+        grads = []
+        for i in range(2):
+            with tf.device(f"/cpu:{i}"), tf1.name_scope(f"tower_{i}"), tf1.variable_scope("m", reuse=i > 0):
+                images = tf1.placeholder(tf.float32, [None, 6, 6, 3], name="images")
+                noisy = images + tf.random.normal(tf.shape(images), stddev=0.1)
+                h = tf1.layers.conv2d(noisy, 4, 3, use_bias=False)
+                h = tf1.layers.dropout(tf.nn.relu(tf1.layers.batch_normalization(h, training=True)), 0.5,
+                                       training=True)
+                loss = tf.reduce_sum(tf.square(tf1.layers.dense(tf.reduce_mean(h, [1, 2]), 3)), name="loss")
+                grads.append(optimizer.compute_gradients(loss))
+        summed = [(tf.add_n([g for g, _ in gv]), gv[0][1]) for gv in zip(*grads)]
+        with tf.control_dependencies(tf1.get_collection(tf1.GraphKeys.UPDATE_OPS, "tower_0")):
+            optimizer.apply_gradients(summed)
+        if rewrite:
+            graphsync.rewrite_towers(graph)
+    return graph
+
+
+def test_dropout_and_noise_move_with_their_examples():
+    """Masks and noise drawn anew in every run, or left in place while the examples move, would
+    change every figure of a synchronized graph: they are fed as their ops draw them, per example."""
+    rewritten = graphsync.verify(_with_dropout(rewrite=True))
+    assert rewritten.passed, rewritten.format()
+    noise = [i for i in rewritten.inputs if i["origin"].startswith("noise in each tower")]
+    assert len(noise) == 2 and {i["dtype"] for i in noise} == {"float32"}
+    assert rewritten.inputs[0]["name"] == "tower_*/m/images:0" and rewritten.per_tower == 4
+    original = graphsync.verify(_with_dropout(rewrite=False))
+    assert not original.passed and original.reason.startswith("not synchronized")

@@ -119,7 +119,9 @@ def draw(inputs: list[Input], towers: int, batch_size, seed: int, group_size: in
         if None in item.example_shape:
             notes.append(f"{item.label}: unknown dimensions set to {UNKNOWN_DIM}")
         dtype = item.dtype.as_numpy_dtype
-        if item.dtype.is_floating:
+        if item.draw != "examples":
+            value = _as_drawn(item.draw, (total,) + shape, rng).astype(dtype)
+        elif item.dtype.is_floating:
             z = rng.normal(0.0, 1.0, (total,) + shape)
             expand = (slice(None),) + (None,) * len(shape)
             value = (z * scale[expand] + offset[expand]).astype(dtype)
@@ -130,6 +132,19 @@ def draw(inputs: list[Input], towers: int, batch_size, seed: int, group_size: in
         values[item.label] = value
     permutation = _group_exchange(sizes, group, rng)
     return Batch(inputs, sizes, group, values, permutation, notes, seed)
+
+
+def _as_drawn(distribution: str, shape: tuple, rng) -> np.ndarray:
+    """Values as a random op draws them: uniform in [0, 1), standard normal, or truncated at ±2."""
+    if distribution == "uniform":
+        return rng.uniform(0.0, 1.0, shape)
+    value = rng.normal(0.0, 1.0, shape)
+    if distribution == "truncated":
+        outside = np.abs(value) > 2
+        while outside.any():
+            value[outside] = rng.normal(0.0, 1.0, int(outside.sum()))
+            outside = np.abs(value) > 2
+    return value
 
 
 def tower_sizes(inputs, towers: int, batch_size) -> list[int]:

@@ -28,6 +28,7 @@ class Input:
     classes_from: str = ""
     value: object = None          # "fixed": what is fed
     origin: str = ""              # how it was found (shown in the report)
+    draw: str = "examples"        # examples (scaled per example), or a random op's own: uniform, normal, truncated
 
     @property
     def label(self) -> str:

@@ -88,7 +88,8 @@ def _found(graph, towers, fetches, user_tensors, num_classes, notes) -> list[Inp
             for entry in tensors:
                 read = entry if source.kind == "placeholder" else synthetic.read_tensor(entry, needed)
                 if source.kind == "random" and synthetic.is_noise(tensor, read, needed):
-                    noise.append(tensor.name)
+                    noise.append(pairing.Entry(tower, tensor, "noise in each tower (dropout?), drawn as the graph "
+                                               "draws it and moved with its examples", tensor))
                     continue
                 how = f"{source.what} in each tower" if entry is tensor else \
                     f"{entry.op.type} of {tensor.name} ({source.what})"
@@ -111,10 +112,36 @@ def _found(graph, towers, fetches, user_tensors, num_classes, notes) -> list[Inp
                                       origin=f"{source.what}, read as a whole"))
         else:
             found.append(inputs.fixed(tensor))
-    if noise:
-        notes.append(f"{len(set(noise))} random tensors are no input (dropout or noise, e.g. {sorted(noise)[0]}): "
-                     "they draw new values in every run")
+    found += _noise(graph, towers, noise, found, needed, tower_of_op, notes)
     return found
+
+
+def _noise(graph, towers, noise: list, found: list, needed, tower_of_op, notes) -> list[Input]:
+    """Dropout masks and noise, fed from their own distribution and exchanged with their examples
+    (a mask that stayed in place while the examples moved would change every figure). Noise that
+    cannot be fed that way (shape unknown, not per example) draws new values in every run: said."""
+    sizes = {tuple(i.static_batches) for i in found if i.kind == "per_tower" and any(i.static_batches)}
+    fed, left = [], []
+    feedable = [e for e in noise if synthetic.distribution(e.tensor) and e.tensor.shape.rank
+                and e.tensor.shape[1:].is_fully_defined()]
+    left += [e.tensor.name for e in noise if e not in feedable]
+    try:
+        groups = pairing.pair(feedable, towers, needed, tower_of_op)
+    except GraphsyncError:
+        groups, left = [], left + [e.tensor.name for e in feedable]
+    for group in groups:
+        batches = tuple(e.tensor.shape[0] for e in group)
+        per_example = batches in sizes if sizes else all(b is None or b > 1 for b in batches)
+        if all(b is None for b in batches) or per_example:
+            item = inputs.batch(graph, "per_tower", [e.tensor.name for e in group], None, origin=group[0].origin)
+            item.draw = synthetic.distribution(group[0].tensor)
+            fed.append(item)
+        else:
+            left += [e.tensor.name for e in group]
+    if left:
+        notes.append(f"{len(set(left))} random tensors are no input and cannot be fed per example (dropout or noise, "
+                     f"e.g. {sorted(left)[0]}): they draw new values in every run")
+    return fed
 
 
 def _images_first(group) -> tuple:

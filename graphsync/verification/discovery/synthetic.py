@@ -9,6 +9,7 @@ tensors are followed through reshapes only (their range is inferred from what re
 
 A random tensor is noise, not an input, when its shape comes from other data (dropout on an
 activation) or it ends up combined elementwise with data from another source (x * mask, x + noise).
+Noise is fed too, as drawn by its op (`distribution`), and exchanged with the examples it belongs to.
 """
 from __future__ import annotations
 
@@ -58,6 +59,18 @@ def is_noise(source: tf.Tensor, read: tf.Tensor, needed: set) -> bool:
         if any(_upstream_has(t, needed, sources.KINDS) for t in others):
             return True
     return False
+
+
+_DISTRIBUTIONS = {"RandomUniform": "uniform", "StatelessRandomUniform": "uniform", "StatelessRandomUniformV2": "uniform",
+                  "RandomStandardNormal": "normal", "StatelessRandomNormal": "normal",
+                  "StatelessRandomNormalV2": "normal", "TruncatedNormal": "truncated",
+                  "StatelessTruncatedNormal": "truncated", "StatelessTruncatedNormalV2": "truncated"}
+
+
+def distribution(tensor: tf.Tensor) -> str | None:
+    """How a float random op draws (uniform in [0, 1), standard normal, normal truncated at ±2),
+    or None for integer draws."""
+    return _DISTRIBUTIONS.get(tensor.op.type) if tensor.dtype.is_floating else None
 
 
 def _keeps_examples(before: tf.Tensor, after: tf.Tensor) -> bool:

@@ -343,6 +343,28 @@ def test_uneven_fixed_sizes():
     assert original.rewritten.loss > DEFAULT_TOLERANCE and original.rewritten.gradients > DEFAULT_TOLERANCE
 
 
+def test_uneven_fixed_sizes_in_per_tower_placeholders():
+    """Each tower's own placeholders fix its size (3 and 5), as a saved graph with towers of
+    different fixed batch sizes does."""
+    def build(rewrite):
+        graph = tf.Graph()
+        with graph.as_default():
+            inputs = []
+            for i, size in enumerate((3, 5)):
+                with tf1.name_scope(f"tower_{i}/"):
+                    inputs.append((tf1.placeholder(tf.float32, [size, 6, 6, 3], name="images"),
+                                   tf1.placeholder(tf.int32, [size], name="labels")))
+            _towers(inputs, reduction=tf1.losses.Reduction.SUM)
+            if rewrite:
+                graphsync.rewrite_towers(graph)
+        return graph
+    rewritten = graphsync.verify(build(rewrite=True))
+    assert rewritten.passed and rewritten.per_tower == [3, 5], rewritten.format()
+    assert not graphsync.verify(build(rewrite=False)).passed
+    with pytest.raises(graphsync.GraphsyncError, match="the graph fixes 3 examples in tower 0, not 4"):
+        graphsync.verify(build(rewrite=True), batch_size=4)
+
+
 def test_uneven_sizes_at_run_time(tmp_path):
     rewritten = graphsync.verify(_uneven_at_run_time(rewrite=True), batch_size=[2, 6])
     assert rewritten.passed, rewritten.format()
@@ -449,3 +471,42 @@ def test_dropout_and_noise_move_with_their_examples():
     assert rewritten.inputs[0]["name"] == "tower_*/m/images:0" and rewritten.per_tower == 4
     original = graphsync.verify(_with_dropout(rewrite=False))
     assert not original.passed and original.reason.startswith("not synchronized")
+
+
+# --------------------------------------------------------------------------------------------
+# The range of integer inputs, from what reads them
+
+
+def _integer_graph(kind):
+    """Two towers whose integer input is read by a one-hot, an embedding table, or nothing that
+    tells its range (drawn in the tower with a maxval)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        losses = []
+        for i in range(2):
+            with tf1.name_scope(f"tower_{i}/"), tf1.variable_scope("m", reuse=i > 0):
+                if kind == "random_maxval":
+                    codes = tf.random.uniform([4, 3], maxval=6, dtype=tf.int32)
+                else:
+                    codes = tf1.placeholder(tf.int32, [None, 3], name="codes")
+                if kind == "one_hot":
+                    h = tf.reshape(tf.one_hot(codes, 7), [-1, 21])
+                elif kind == "gather":
+                    table = tf1.get_variable("table", [11, 2])
+                    h = tf.reshape(tf.nn.embedding_lookup(table, codes), [-1, 6])
+                else:   # read twice: fed as drawn, integers in its range
+                    h = tf.concat([tf.cast(codes, tf.float32), tf.cast(codes * 2, tf.float32)], 1)
+                h = tf1.layers.batch_normalization(tf1.layers.dense(h, 4), training=True)
+                losses.append(tf.reduce_sum(tf.square(h), name="loss"))
+        tf1.train.GradientDescentOptimizer(0.1).minimize(tf.add_n(losses))
+    return graph
+
+
+@pytest.mark.parametrize("kind, classes, source", [
+    ("one_hot", 7, "a one-hot depth"), ("gather", 11, "a gather's table size"),
+    ("random_maxval", 6, "the maxval it is drawn with")])
+def test_integer_range_from_what_reads_it(kind, classes, source):
+    report = graphsync.verify(_integer_graph(kind))
+    item = next(i for i in report.inputs if i["dtype"] == "int32")
+    assert (item["classes"], item["classes_from"]) == (classes, source)
+    assert not report.passed   # not rewritten

@@ -152,7 +152,9 @@ def _as_main(execute) -> None:
 
 
 def _show_uncaught(exc: BaseException) -> None:
-    traceback = _script_frames(exc.__traceback__) or exc.__traceback__
+    traceback = _script_frames(exc.__traceback__)
+    if traceback is None and not isinstance(exc, SyntaxError):   # python shows a script's SyntaxError bare
+        traceback = exc.__traceback__
     sys.excepthook(type(exc), exc.with_traceback(traceback), traceback)   # the hook prints exc.__traceback__
     sys.stderr.flush()
     raise SystemExit(130 if isinstance(exc, KeyboardInterrupt) else 1)

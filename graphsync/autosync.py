@@ -3,7 +3,7 @@
 `graphsync run train.py` installs an AutoSync before the script starts. Once TensorFlow is
 imported (by the script, whenever it does), two entry points are patched:
 
-    BaseSession.__new__   every session class (Session, InteractiveSession, the sessions that
+    BaseSession.__init__  every session class (Session, InteractiveSession, the sessions that
                           MonitoredSession, Supervisor and SessionManager create) on its graph
     Graph.finalize        Supervisor and Scaffold freeze the graph before any session exists
 
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.util
+import itertools
 import os
 import sys
 import threading
@@ -48,8 +49,10 @@ class AutoSync:
         self.quiet, self.verbose = quiet, verbose
         self.stream = stream
         self.reports: list = []                     # RewriteReport of every graph rewritten, in order
-        self._seen = weakref.WeakSet()               # graphs already decided
-        self._graphs_seen = 0
+        self._decided = weakref.WeakSet()            # graphs first_use is done with
+        self._numbers = weakref.WeakKeyDictionary()  # graph → its number in messages, in order of first use
+        self._count = itertools.count(1)
+        self._looked_at = weakref.WeakKeyDictionary()  # undecided graph → its version when last looked at
         self._lock = threading.RLock()
         self._undo: list = []
         self._waiting = None
@@ -61,23 +64,32 @@ class AutoSync:
         return dict(self.options)
 
     def first_use(self, graph) -> None:
-        """Called by the patches before a graph's first session or its finalization."""
+        """Called by the patches before each session is created on `graph` and before it is
+        finalized. A graph is decided once it is rewritten, refused, rewritten by the script, or
+        left alone by options_for; one with nothing to synchronize yet (a session opened before
+        the towers were built) is looked at again on its next session or its finalization."""
         with self._lock:
-            if graph in self._seen:
+            if graph in self._decided or self._looked_at.get(graph) == graph.version:
                 return
-            self._seen.add(graph)
-            self._graphs_seen += 1
-            number = self._graphs_seen
+            if graph not in self._numbers:
+                self._numbers[graph] = next(self._count)
+            number = self._numbers[graph]
             from graphsync import rewrite  # TensorFlow is imported by now
             if rewrite.was_rewritten(graph):
+                self._decided.add(graph)
                 self._say(f"graph {number}: already rewritten by the script", verbose_only=True)
                 return
             options = self.options_for(graph)
             if options is None:
+                self._decided.add(graph)
                 return
-            self._rewrite(graph, number, options)
+            if self._rewrite(graph, number, options):
+                self._decided.add(graph)
+            else:
+                self._looked_at[graph] = graph.version   # looked at again only once ops are added
 
-    def _rewrite(self, graph, number: int, options: dict) -> None:
+    def _rewrite(self, graph, number: int, options: dict) -> bool:
+        """Whether the graph is decided: rewritten, or refused."""
         from graphsync.errors import GraphsyncError, GraphsyncWarning, NoTowersError
         from graphsync.rewrite import rewrite_towers
         with warnings.catch_warnings(record=True) as caught:
@@ -86,16 +98,16 @@ class AutoSync:
                 report = rewrite_towers(graph, **options)
             except NoTowersError as exc:
                 self._say(f"graph {number} left alone: {_one_line(exc)}", verbose_only=True)
-                return
+                return False
             except GraphsyncError as exc:
                 self.failed(graph, _one_line(exc))
-                return
+                return True
             except Exception as exc:  # noqa: BLE001 - the user gets one line, never a traceback
                 if os.environ.get("GRAPHSYNC_DEBUG"):
                     raise
                 self.failed(graph, f"internal error: {type(exc).__name__}: {_one_line(exc)} "
                                    "(set GRAPHSYNC_DEBUG=1 for the traceback, and please report it)", fatal=True)
-                return
+                return True
             finally:
                 for warning in caught:
                     if issubclass(warning.category, GraphsyncWarning):
@@ -106,6 +118,7 @@ class AutoSync:
             self.rewritten(graph, report)
         else:
             self._say(f"graph {number} left alone: {report.summary}", verbose_only=True)
+        return report.changed
 
     # -- what the user sees ----------------------------------------------------------------
 
@@ -139,22 +152,28 @@ class AutoSync:
         once TensorFlow is imported."""
         import tensorflow as tf
 
-        from graphsync import tf_private
+        # graphsync.rewrite registers graphsync's gradients, as `import graphsync` after TensorFlow
+        # does: a script that differentiates a graph rewritten earlier (a saved one) needs them
+        from graphsync import rewrite, tf_private  # noqa: F401
         first_use = self.first_use
         session_class = tf_private.session_base_class()
-        original_finalize = tf.Graph.finalize
+        original_init, original_finalize = session_class.__init__, tf.Graph.finalize
 
-        def new_session(cls, *args, **kwargs):
+        def session_init(session, *args, **kwargs):
             graph = kwargs.get("graph", args[1] if len(args) > 1 else None)
-            first_use(graph if isinstance(graph, tf.Graph) else tf.compat.v1.get_default_graph())
-            return object.__new__(cls)
+            try:
+                first_use(graph if isinstance(graph, tf.Graph) else tf.compat.v1.get_default_graph())
+            except BaseException:
+                tf_private.disarm_unopened_session(session)   # its __del__ must not complain
+                raise
+            original_init(session, *args, **kwargs)
 
         def finalize(graph):
             if not graph.finalized:
                 first_use(graph)
             return original_finalize(graph)
 
-        return [(session_class, "__new__", staticmethod(new_session)), (tf.Graph, "finalize", finalize)]
+        return [(session_class, "__init__", session_init), (tf.Graph, "finalize", finalize)]
 
     def install(self) -> "AutoSync":
         """Patches TensorFlow now if it is imported, else as soon as it is."""
@@ -199,7 +218,7 @@ class AutoSync:
             try:
                 tf.DeviceSpec.from_string(device)
             except (ValueError, TypeError) as exc:
-                raise ValueError(f"invalid --device {device!r}: {_one_line(exc)}") from None
+                raise ValueError(f"invalid device {device!r}: {_one_line(exc)}") from None
 
     def __enter__(self):
         return self.install()

@@ -11,7 +11,7 @@ from graphsync.exchange import ProcessGroup, make_exchange
 from graphsync.plan import Plan, make_plan
 from graphsync.report import LayerReport, RewriteReport, SkippedReport
 
-_rewritten_graphs = weakref.WeakSet()   # every graph rewrite_towers went through (see was_rewritten)
+_rewritten_graphs = weakref.WeakSet()   # every graph rewrite_towers changed (see was_rewritten)
 
 
 def rewrite_towers(graph: tf.Graph | None = None, *, towers=None, device: str | None = None,
@@ -52,12 +52,13 @@ def rewrite_towers(graph: tf.Graph | None = None, *, towers=None, device: str | 
         report.layers.append(LayerReport(layer.name, layer.kind, tuple(s.op.name for s in layer.sites),
                                          "rewritten" if layer.has_gradients else "autodiff"))
     _check(plan)
-    _rewritten_graphs.add(graph)
+    if report.changed:
+        _rewritten_graphs.add(graph)
     return report
 
 
 def was_rewritten(graph: tf.Graph) -> bool:
-    """Whether rewrite_towers already went through `graph` in this process (the script's own call,
+    """Whether rewrite_towers already synchronized `graph` in this process (the script's own call,
     a SyncBatchNormHook, or `graphsync run`): graphsync.autosync then leaves it alone."""
     return graph in _rewritten_graphs
 

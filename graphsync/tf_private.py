@@ -62,6 +62,13 @@ def session_base_class() -> type:
     return session.BaseSession
 
 
+def disarm_unopened_session(session) -> None:
+    """Lets a session whose __init__ never ran be collected quietly (BaseSession.__del__ reads
+    `_session`, which __init__ sets)."""
+    if not hasattr(session, "_session"):
+        session._session = None  # pylint: disable=protected-access
+
+
 def create_op(graph: tf.Graph, op_type: str, inputs: list, attrs: dict, name: str) -> tf.Operation:
     """Creates an op without the Python argument inference of `tf.raw_ops` (about half the cost of
     each op a rewrite adds); attrs maps names to AttrValue protos and must be complete."""

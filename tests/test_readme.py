@@ -111,18 +111,29 @@ def _console_commands():
     return [(n, command, "\n".join(output)) for n, command, output in commands]
 
 
+def _invoke(args):
+    """One command in this process; `graphsync run` runs a script here, so what it changes of the
+    interpreter (sys.argv, sys.path[0], __main__) is put back."""
+    saved = sys.argv[:], sys.path[:], sys.modules["__main__"]
+    try:
+        return CliRunner().invoke(main, args, catch_exceptions=False)
+    finally:
+        sys.argv[:], sys.path[:], sys.modules["__main__"] = saved
+
+
 def test_console_commands_print_what_the_readme_shows(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
     tmp = str(tmp_path / "walkthrough")
     os.makedirs(tmp)
     commands = _console_commands()
-    assert [c.split()[:2] for _, c, _ in commands][:3] == [["graphsync", "inspect"], ["graphsync", "rewrite"],
-                                                           ["graphsync", "verify"]]
+    assert [c.split()[:2] for _, c, _ in commands][:4] == [["graphsync", "run"], ["graphsync", "inspect"],
+                                                           ["graphsync", "rewrite"], ["graphsync", "verify"]]
     for line, command, shown in commands:
         args = shlex.split(command.replace(WALKTHROUGH_DIR, tmp))
         assert args[0] == "graphsync", f"README line {line}: only graphsync commands run here"
-        result = CliRunner().invoke(main, args[1:], catch_exceptions=False)
-        printed = result.stdout + result.stderr
+        result = _invoke(args[1:])
+        # `run`: the script's lines and graphsync's, in the order a terminal shows them
+        printed = result.output if args[1] == "run" else result.stdout + result.stderr
         if UPDATE and _normalize(printed, tmp) != _normalize(shown):
             fresh = printed.replace(tmp, WALKTHROUGH_DIR).strip()
             _replace_in_readme(f"$ {command}\n{shown}\n", f"$ {command}\n{fresh}\n")

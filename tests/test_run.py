@@ -144,6 +144,53 @@ def test_hook_with_singular_monitored_session_reports(one_device):
     assert max_rel_error(after, one_device) < SYNCED
 
 
+def test_a_graph_with_nothing_yet_is_looked_at_again_when_it_grew(one_device):
+    """A session opened before the towers exist leaves the graph undecided: the next session on
+    the grown graph synchronizes it, and an unchanged graph is not scanned again."""
+    import io
+    said = io.StringIO()
+    with graphsync.AutoSync(verbose=True, stream=said), tf.Graph().as_default():
+        tf1.Session(config=tower_model.CONFIG).close()
+        tf1.Session(config=tower_model.CONFIG).close()
+        train_op, feed = tower_model.build([3, 5])
+        variables = tower_model.model_variables()
+        with tf1.Session(config=tower_model.CONFIG) as sess:
+            sess.run(tf1.global_variables_initializer())
+            sess.run(train_op, feed)
+            after = sess.run(variables)
+    lines = said.getvalue().splitlines()
+    assert lines[0] == "graphsync: graph 1 left alone: nothing changed: no batch norm to synchronize (0 towers)"
+    assert lines[1].startswith("graphsync: 2 layers × 2 towers synchronized") and len(lines) == 5   # -v: + table
+    assert max_rel_error(after, one_device) < SYNCED
+
+
+def test_options_for_decides_per_graph():
+    """The seam for subclasses: options_for(graph) → rewrite_towers' options, or None to leave it."""
+    class OnlyMarked(graphsync.AutoSync):
+        def options_for(self, graph):
+            return {"group_size": 2} if graph.get_collection("sync_me") else None
+
+    import io
+    with OnlyMarked(stream=io.StringIO()) as chooser:
+        graphs = []
+        for mark in (False, True):
+            with tf.Graph().as_default() as graph:
+                tower_model.build([2, 2])
+                if mark:
+                    graph.add_to_collection("sync_me", 1)
+                graph.finalize()
+                graphs.append(graph)
+    assert [r.groups for r in chooser.reports] == [[["tower_0", "tower_1"]]]
+    assert not any(op.name.startswith("graphsync/") for op in graphs[0].get_operations())
+
+
+def test_importing_graphsync_imports_no_tensorflow():
+    code = ("import sys, graphsync, graphsync.autosync, cli.main; graphsync.AutoSync().install(); "
+            "assert 'tensorflow' not in sys.modules, sorted(m for m in sys.modules if 'tensorflow' in m)")
+    done = _finish(_start([sys.executable, "-c", code]))
+    assert done.returncode == 0, done.stderr
+
+
 # --------------------------------------------------------------------------------------------
 # A third-party trainer from the package index: tf_slim's learning.train over model_deploy clones
 
@@ -195,6 +242,15 @@ def test_script_sees_what_python_gives_it(args, tmp_path):
         assert 'File "' + BEHAVIOUR + '", line' in ours.stderr and "runpy" not in ours.stderr
 
 
+def test_a_script_that_does_not_compile_fails_as_under_python(tmp_path):
+    script = tmp_path / "broken.py"
+    script.write_text('print("unclosed"\n')
+    python = _finish(_start([sys.executable, str(script)]))
+    ours = _finish(_start(_graphsync() + ["run", str(script)]))
+    assert (ours.returncode, ours.stdout, ours.stderr) == (python.returncode, python.stdout, python.stderr)
+    assert ours.returncode == 1 and ours.stderr.splitlines()[-1].startswith("SyntaxError:")
+
+
 def test_module_runs_like_python_m():
     args = ["-m", "behaviour", "--towers", "x"]
     python = _finish(_start([sys.executable] + args, cwd=SCRIPTS, stdin=""), "")
@@ -218,7 +274,7 @@ def invoke_run(*args):
 
 def test_only_the_multi_tower_graph_is_rewritten_once():
     session_class = tf1.Session.__mro__[1]
-    finalize = tf.Graph.finalize
+    init, finalize = session_class.__init__, tf.Graph.finalize
     result = invoke_run("-v", SEVERAL)
     assert result.exit_code == 0, result.output
     assert len(result.stdout.splitlines()) == 3
@@ -232,7 +288,7 @@ def test_only_the_multi_tower_graph_is_rewritten_once():
     assert said[1] == "graphsync: graph 2: already rewritten by the script"
     assert said[2] == "graphsync: 2 layers × 2 towers synchronized on /device:CPU:0 (fused, moments; gradients rewritten)"
     assert len(said) == 6 and said[-1].startswith("graphsync:   bn2/moments/mean  ")   # -v: the layer table
-    assert "__new__" not in session_class.__dict__ and tf.Graph.finalize is finalize   # patches undone
+    assert session_class.__init__ is init and tf.Graph.finalize is finalize   # patches undone
 
 
 def test_a_graph_that_cannot_be_rewritten_stops_the_script_untouched(tmp_path):

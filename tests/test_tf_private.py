@@ -70,4 +70,19 @@ def test_create_op_and_fast_ops_match_the_public_ops():
 def test_every_session_class_derives_from_the_session_base_class():
     base = tf_private.session_base_class()
     assert issubclass(tf1.Session, base) and issubclass(tf1.InteractiveSession, base)
-    assert "__new__" not in base.__dict__   # graphsync.autosync adds (and removes) its own
+    assert "__init__" in base.__dict__   # graphsync.autosync wraps it
+
+
+def test_a_session_whose_init_never_ran_is_collected_quietly():
+    import gc
+    import sys
+    session = object.__new__(tf1.Session)
+    tf_private.disarm_unopened_session(session)
+    unraisable = []
+    hook, sys.unraisablehook = sys.unraisablehook, unraisable.append
+    try:
+        del session
+        gc.collect()
+    finally:
+        sys.unraisablehook = hook
+    assert unraisable == []

@@ -88,8 +88,10 @@ def _found(graph, towers, fetches, user_tensors, num_classes, notes) -> list[Inp
             for entry in tensors:
                 read = entry if source.kind == "placeholder" else synthetic.read_tensor(entry, needed)
                 if source.kind == "random" and synthetic.is_noise(tensor, read, needed):
-                    noise.append(pairing.Entry(tower, tensor, "noise in each tower (dropout?), drawn as the graph "
-                                               "draws it and moved with its examples", tensor))
+                    # fed as drawn, so only where the tower reads the random op's output itself
+                    noise.append(pairing.Entry(tower, tensor if entry is tensor else entry,
+                                               "noise in each tower (dropout?), drawn as the graph draws it and "
+                                               "moved with its examples", tensor))
                     continue
                 how = f"{source.what} in each tower" if entry is tensor else \
                     f"{entry.op.type} of {tensor.name} ({source.what})"
@@ -122,8 +124,8 @@ def _noise(graph, towers, noise: list, found: list, needed, tower_of_op, notes) 
     cannot be fed that way (shape unknown, not per example) draws new values in every run: said."""
     sizes = {tuple(i.static_batches) for i in found if i.kind == "per_tower" and any(i.static_batches)}
     fed, left = [], []
-    feedable = [e for e in noise if synthetic.distribution(e.tensor) and e.tensor.shape.rank
-                and e.tensor.shape[1:].is_fully_defined()]
+    feedable = [e for e in noise if e.tensor is e.source and synthetic.distribution(e.tensor)
+                and e.tensor.shape.rank and e.tensor.shape[1:].is_fully_defined()]
     left += [e.tensor.name for e in noise if e not in feedable]
     try:
         groups = pairing.pair(feedable, towers, needed, tower_of_op)

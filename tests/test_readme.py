@@ -25,7 +25,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
 WALKTHROUGH_DIR = "/tmp/walkthrough"
 _BLOCK = re.compile(r"^```(?P<lang>\w*)\n(?P<body>.*?)^```\n(?P<after>(?:(?!^```).)*)", re.S | re.M)
-_FIGURE = re.compile(r"\b\d\.\de[+-]\d\d\b")
+_FIGURE = re.compile(r"\b\d\.\de[+-]\d\d\b|(?<=  )0(?=  |\n|$)")   # 1.2e-07, or a table's exact 0
 _EVENT_FILE = re.compile(r"events\.out\.tfevents\.\S+")
 UPDATE = bool(os.environ.get("GRAPHSYNC_UPDATE_README"))
 REFRESH = "run GRAPHSYNC_UPDATE_README=1 python -m pytest -q tests/test_readme.py to refresh the README"

@@ -5,7 +5,8 @@
   (b) in-graph replication across 2 tf.distribute.Server processes on 127.0.0.1: tower 0 on
       /job:worker/task:0, tower 1 on /job:worker/task:1; gather on /job:worker/task:0/cpu:0
   (c) between-graph replication: 2 worker processes, each with its own server and one one-tower graph,
-      rewritten with strategy="allreduce", process_group=ProcessGroup(2, i)
+      rewritten with strategy="allreduce", process_group=ProcessGroup(2, i); and with
+      ProcessGroup(2, i, timeout=300), the graph `graphsync run` builds on such a worker
 
 Graphs are built with tests/towerlib.py `build` (the CIFAR10 pattern: per-tower gradients, summed,
 tower 0's updates) around tests/models.py `resnetish`, and rewritten after the gradients exist. In (a)
@@ -142,7 +143,10 @@ def worker_main(payload):
     device = [f"/job:worker/replica:0/task:{task}/device:CPU:0"]
     variants = {"unsynced": build(args, [args.batch], device, None, scope=""),
                 "allreduce": build(args, [args.batch], device, "allreduce", scope="",
-                                   process_group=graphsync.ProcessGroup(2, task))}
+                                   process_group=graphsync.ProcessGroup(2, task)),
+                # what `graphsync run` builds: every collective with its peer timeout (default 300 s)
+                "allreduce, timeout": build(args, [args.batch], device, "allreduce", scope="",
+                                            process_group=graphsync.ProcessGroup(2, task, timeout=args.peer_timeout))}
     x, t = tl.data([args.batch], shape(args), (5,), seed=task)
     sessions = {}
     per_round = {n: [] for n in variants}
@@ -155,8 +159,8 @@ def worker_main(payload):
         for name in variants:
             time_steps(sessions[name], variants[name][0], feeds[name], args.warmup)
         for _ in range(args.rounds):
-            for name in ("unsynced", "allreduce"):
-                if name == "allreduce":  # untimed: waits for the other worker, so both start together
+            for name in variants:
+                if name != "unsynced":  # untimed: waits for the other worker, so both start together
                     time_steps(sessions[name], variants[name][0], feeds[name], 1)
                 per_round[name].append(_common.median(time_steps(sessions[name], variants[name][0],
                                                                  feeds[name], args.steps)))
@@ -207,6 +211,8 @@ def main(argv=None):
     parser.add_argument("--channels", type=int, default=16)
     parser.add_argument("--setups", nargs="+", default=["local", "in-graph", "between-graph"])
     parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--peer-timeout", type=float, default=300,
+                        help="(c): the collectives' timeout of the 'allreduce, timeout' variant, as graphsync run sets")
     parser.add_argument("--json")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -223,7 +229,7 @@ def main(argv=None):
               "in-graph": "(b) in-graph replication over 2 server processes (tower i on /job:worker/task:i; "
                           "gather on /job:worker/task:0/cpu:0; client session on task 0)",
               "between-graph": "(c) between-graph replication: 2 worker processes, one tower each, "
-                               "allreduce with ProcessGroup(2, i)"}
+                               "allreduce with ProcessGroup(2, i) and ProcessGroup(2, i, timeout=--peer-timeout)"}
     for setup in args.setups:
         start = time.perf_counter()
         if setup == "local":

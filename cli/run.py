@@ -64,6 +64,7 @@ be synchronized (one line on stderr, the graph untouched; --on-error=warn runs o
 @shell.device_option
 @shell.strategy_option
 @shell.group_size_option
+@shell.peer_timeout_option
 @click.option("--report", "report_path", metavar="FILE", type=click.Path(dir_okay=False),
               help="Write the report of every rewritten graph to FILE as JSON when the script ends.")
 @click.option("--on-error", type=click.Choice(["fail", "warn"]), default="fail", show_default=True,
@@ -72,13 +73,19 @@ be synchronized (one line on stderr, the graph untouched; --on-error=warn runs o
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")
 @click.option("-v", "--verbose", is_flag=True, help="Say more: every layer, and the graphs left alone.")
 @click.argument("script_args", metavar="SCRIPT [ARGS]...", nargs=-1, type=click.UNPROCESSED)
-def run(module, towers, device, strategy, group_size, report_path, on_error, quiet, verbose, script_args):
+def run(module, towers, device, strategy, group_size, peer_timeout, report_path, on_error, quiet, verbose,
+        script_args):
     """Run a training script unchanged, with every batch norm of every tower synchronized.
 
     Each multi-tower graph is rewritten once, just before the first session is created on it
     (tf.compat.v1.Session, InteractiveSession, MonitoredTrainingSession, Supervisor …) or before
     it is finalized, whichever comes first; stderr gets one line per rewritten graph. Graphs
     without towers or without batch norm, and graphs the script rewrites itself, are left alone.
+
+    On a between-graph worker (its cluster and task from the tf.distribute.Server the script
+    creates, else from TF_CONFIG), the towers of every worker process are synchronized together
+    through cross-process collectives (--strategy is then allreduce), after a bounded wait for
+    the other workers (--peer-timeout).
     """
     if quiet and verbose:
         raise click.UsageError("choose -q or -v, not both")
@@ -90,10 +97,10 @@ def run(module, towers, device, strategy, group_size, report_path, on_error, qui
     if report_path is not None and not os.path.isdir(os.path.dirname(os.path.abspath(report_path))):
         raise shell.Failure(f"cannot write {report_path}: directory {os.path.dirname(os.path.abspath(report_path))} "
                             "does not exist", shell.EXIT_USAGE)
-    from graphsync.autosync import AutoSync
+    from graphsync.between_graph import BetweenGraphSync
     options = {k: v for k, v in (("towers", towers), ("device", device), ("strategy", strategy),
                                  ("group_size", group_size)) if v is not None}
-    autosync = AutoSync(on_error=on_error, quiet=quiet, verbose=verbose, **options)
+    autosync = BetweenGraphSync(on_error=on_error, quiet=quiet, verbose=verbose, peer_timeout=peer_timeout, **options)
     with autosync:
         try:
             if module is None:

@@ -255,6 +255,10 @@ strategy_option = click.option(
 group_size_option = click.option(
     "--group-size", type=click.IntRange(min=1), metavar="K",
     help="Synchronize within consecutive groups of K towers (default: all towers).")
+peer_timeout_option = click.option(
+    "--peer-timeout", type=click.FloatRange(min=0), default=300, show_default=True, metavar="SECONDS",
+    help="Between-graph workers: how long a worker waits for the others (at its first step, and in "
+         "every cross-process collective) before failing with one line; 0 waits forever.")
 tags_option = click.option(
     "--tags", metavar="TAGS",
     help="SavedModel input: comma-separated tags of the meta graph to use (needed when it has several).")

@@ -42,10 +42,13 @@ class ProcessGroup:
 
     tasks: int
     index: int
+    timeout: float = 0.0   # seconds each cross-process collective waits for its peers; 0: forever
 
     def __post_init__(self):
         if not 0 <= self.index < self.tasks:
             raise GraphsyncError(f"process group index {self.index} is outside 0..{self.tasks - 1}")
+        if self.timeout < 0:
+            raise GraphsyncError(f"process group timeout {self.timeout} is negative (0 waits forever)")
 
 
 @dataclasses.dataclass
@@ -163,13 +166,15 @@ _backward_keys = weakref.WeakKeyDictionary()    # graph → {(forward instance k
 _times_differentiated = weakref.WeakKeyDictionary()
 
 
-def all_reduce(x: tf.Tensor, group_size: int, group_key: int, instance_key: int, name=None) -> tf.Tensor:
-    """Sum of x over the group, with a gradient that all-reduces the incoming gradient."""
+def all_reduce(x: tf.Tensor, group_size: int, group_key: int, instance_key: int, name=None,
+               timeout: float = 0.0) -> tf.Tensor:
+    """Sum of x over the group, with a gradient that all-reduces the incoming gradient; fails with
+    DeadlineExceeded after `timeout` seconds without all peers (0: waits forever)."""
     with x.graph.gradient_override_map({"CollectiveReduceV2": ALLREDUCE_GRADIENT}):
         return tf.raw_ops.CollectiveReduceV2(
             input=x, group_size=tf.constant(group_size), group_key=tf.constant(group_key),
             instance_key=tf.constant(instance_key), ordering_token=[], merge_op="Add", final_op="Id",
-            name=name)
+            timeout_seconds=float(timeout), name=name)
 
 
 @tf.RegisterGradient(ALLREDUCE_GRADIENT)
@@ -189,7 +194,8 @@ def _all_reduce_gradient(op, grad):
         allocator = _allreduce_keys.get(graph) or _allreduce_keys.setdefault(graph, CollectiveKeys(graph))
         keys[(forward_key, k)] = allocator.new()
     group_size, group_key = (int(tf.get_static_value(t)) for t in op.inputs[1:3])
-    return [all_reduce(grad, group_size, group_key, keys[(forward_key, k)])] + [None] * (len(op.inputs) - 1)
+    return [all_reduce(grad, group_size, group_key, keys[(forward_key, k)], timeout=op.get_attr("timeout_seconds"))] \
+        + [None] * (len(op.inputs) - 1)
 
 
 class AllReduce:
@@ -197,12 +203,15 @@ class AllReduce:
 
     name = "allreduce"
 
-    def __init__(self, graph: tf.Graph, groups, process_group: ProcessGroup | None = None):
+    def __init__(self, graph: tf.Graph, groups, process_group: ProcessGroup | None = None, fingerprint: int = 0):
         self.groups, self.process_group = groups, process_group
         self.keys = _allreduce_keys.setdefault(graph, CollectiveKeys(graph))
         self.ops = FastOps(graph)
         self.group_keys = [self.keys.new() for _ in groups]
+        if process_group is not None:   # workers whose layers differ never join the same groups
+            self.group_keys = [cross_process_group_key(fingerprint, g) for g in range(len(groups))]
         self.scale = process_group.tasks if process_group else 1
+        self.timeout = process_group.timeout if process_group else 0.0
 
     def _reduce(self, graph, sites, packed, name):
         """All-reduces each tower's packed vector; outputs wait for every local collective of the
@@ -213,7 +222,8 @@ class AllReduce:
             reduced = {}
             for i in members:
                 with pristine_scope(graph, sites[i].device, f"{sites[i].op.name}_sync/{name}"):
-                    reduced[i] = all_reduce(packed[i], len(members) * self.scale, self.group_keys[g], instance)
+                    reduced[i] = all_reduce(packed[i], len(members) * self.scale, self.group_keys[g], instance,
+                                            timeout=self.timeout)
             for i in members:
                 with pristine_scope(graph, sites[i].device, f"{sites[i].op.name}_sync/{name}"), \
                         graph.control_dependencies([reduced[j].op for j in members if j != i]):
@@ -267,16 +277,24 @@ class AllReduce:
         return out
 
 
+def cross_process_group_key(fingerprint: int, group: int) -> int:
+    """The group key of sync group `group` between worker processes: derived from the fingerprint
+    of the synchronized layers, so workers that built different layers (different scripts) wait
+    for each other in vain (and time out) instead of averaging unrelated statistics. Keys lie in
+    [2^29, 2^30): clear of CollectiveKeys' counter and of int32 overflow."""
+    return (1 << 29) + (fingerprint + group) % (1 << 28)
+
+
 def _shape_of(t: tf.Tensor):
     """The static shape when fully known (keeps static shapes downstream), else the dynamic one."""
     return t.shape.as_list() if t.shape.is_fully_defined() else tf.shape(t)
 
 
-def make_exchange(graph, strategy: str, device: str, groups, process_group=None):
+def make_exchange(graph, strategy: str, device: str, groups, process_group=None, fingerprint: int = 0):
     if strategy == "gather":
         if process_group is not None:
             raise GraphsyncError("between-graph replication (process_group=) needs strategy='allreduce'")
         return Gather(graph, device, groups)
     if strategy == "allreduce":
-        return AllReduce(graph, groups, process_group)
+        return AllReduce(graph, groups, process_group, fingerprint)
     raise GraphsyncError(f"unknown strategy {strategy!r}: use 'gather' or 'allreduce'")

@@ -7,6 +7,7 @@ cannot be rewritten is left exactly as it was.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 
 import tensorflow as tf
 
@@ -86,7 +87,7 @@ def make_plan(graph: tf.Graph, towers=None, device: str | None = None, *, strate
         for layer in plan.layers:
             for members in plan.groups:
                 devices = [_canonical(layer.sites[i].device) for i in members]
-                if "" in devices or len(set(devices)) < len(devices):
+                if (len(devices) > 1 and "" in devices) or len(set(devices)) < len(devices):
                     raise GraphsyncError(
                         f"strategy='allreduce' needs every tower of a sync group on its own device, but "
                         f"{layer.sites[members[0]].op.name} and its peers sit on {sorted(set(devices))}: "
@@ -256,6 +257,24 @@ def _signature(cand) -> dict:
             "data_format": op.get_attr("data_format").decode(),
             "exponential_avg_factor": op.get_attr("exponential_avg_factor")
             if op.type == "FusedBatchNormV3" else 1.0}
+
+
+def fingerprints(plan: Plan) -> list[str]:
+    """One line per synchronized layer with what every worker process of a between-graph job must
+    agree on (name, op, dtype, per-example shape, attributes, towers, gradient calls); the batch
+    size is left out, workers may differ in it."""
+    lines = []
+    for layer in plan.layers:
+        op = layer.sites[0].op
+        lines.append(f"{layer.name} {op.type} {op.inputs[0].dtype.name} {op.inputs[0].shape[1:]} "
+                     f"axes={layer.layout.axes} eps={layer.epsilon:g} avg={layer.avg_factor:g} "
+                     f"towers={len(layer.sites)} gradients={len(layer.sites[0].grad_ops)}")
+    return lines
+
+
+def digest(text: str) -> int:
+    """A stable 63-bit digest (the same in every process, unlike hash())."""
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") >> 1
 
 
 def default_device(op: tf.Operation) -> str:

@@ -31,6 +31,7 @@ class RewriteReport:
     strategy: str = "gather"
     groups: list = dataclasses.field(default_factory=list)
     process_group: tuple | None = None
+    fingerprints: list = dataclasses.field(default_factory=list)   # per layer, between-graph only
 
     @property
     def where(self) -> str:
@@ -55,12 +56,14 @@ class RewriteReport:
             else "gradients not built yet"
         groups = f" in {len(self.groups)} groups of {len(self.groups[0])}" if len(self.groups) > 1 else ""
         layers = f"{len(self.layers)} layer{'s' if len(self.layers) != 1 else ''}"
-        return (f"{layers} × {len(self.towers)} towers synchronized{groups} {self.where}"
+        towers = f"{len(self.towers)} tower{'s' if len(self.towers) != 1 else ''}"
+        return (f"{layers} × {towers} synchronized{groups} {self.where}"
                 f" ({', '.join(kinds)}; {grads})")
 
     def to_dict(self) -> dict:
         return {"summary": self.summary, "towers": self.towers, "device": self.device,
                 "strategy": self.strategy, "groups": self.groups, "process_group": self.process_group,
+                "fingerprints": self.fingerprints,
                 "layers": [dataclasses.asdict(l) for l in self.layers],
                 "skipped": [dataclasses.asdict(s) for s in self.skipped],
                 "edges_moved": self.edges_moved, "grad_ops_replaced": self.grad_ops_replaced}

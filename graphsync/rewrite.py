@@ -8,7 +8,7 @@ import tensorflow as tf
 from graphsync import splice, tf_private
 from graphsync.errors import GraphsyncError
 from graphsync.exchange import ProcessGroup, make_exchange
-from graphsync.plan import Plan, make_plan
+from graphsync.plan import Plan, digest, fingerprints, make_plan
 from graphsync.report import LayerReport, RewriteReport, SkippedReport
 
 _rewritten_graphs = weakref.WeakSet()   # every graph rewrite_towers changed (see was_rewritten)
@@ -28,9 +28,10 @@ def rewrite_towers(graph: tf.Graph | None = None, *, towers=None, device: str | 
              layer and direction on the towers' own devices; every tower must then run each step:
              fetch train_op, or anything that depends on every tower).
     group_size: synchronize within consecutive groups of this many towers (default: all towers).
-    process_group: ProcessGroup(tasks, index) for between-graph replication (one graph per worker
-             process, strategy='allreduce'); each server's config needs
-             experimental.collective_group_leader.
+    process_group: ProcessGroup(tasks, index, timeout=0) for between-graph replication (one graph
+             per worker process, strategy='allreduce'); each server's config needs
+             experimental.collective_group_leader. Workers whose layers differ never pair up
+             (their collectives time out after `timeout` seconds, when set).
 
     Raises GraphsyncError, leaving the graph untouched, when the graph cannot be rewritten.
     """
@@ -44,7 +45,10 @@ def rewrite_towers(graph: tf.Graph | None = None, *, towers=None, device: str | 
                            skipped=[SkippedReport(op, why) for op, why in plan.skipped], strategy=strategy,
                            groups=[[plan.towers[i].label for i in g] for g in plan.groups],
                            process_group=process_group and (process_group.tasks, process_group.index))
-    exchange = make_exchange(graph, plan.strategy, plan.device, plan.groups, process_group) if plan.layers else None
+    if process_group is not None:
+        report.fingerprints = fingerprints(plan)
+    exchange = make_exchange(graph, plan.strategy, plan.device, plan.groups, process_group,
+                             digest("\n".join(report.fingerprints))) if plan.layers else None
     for layer in plan.layers:
         count = splice.splice_layer(graph, layer, exchange)
         report.edges_moved += count.edges

@@ -62,6 +62,13 @@ def session_base_class() -> type:
     return session.BaseSession
 
 
+def make_server_def(server_or_cluster_def, job_name, task_index, protocol, config):
+    """The tf.train.ServerDef that tf.distribute.Server(...) builds from its arguments."""
+    from tensorflow.python.training import server_lib  # pylint: disable=import-outside-toplevel
+    return server_lib._make_server_def(  # pylint: disable=protected-access
+        server_or_cluster_def, job_name, task_index, protocol, config)
+
+
 def disarm_unopened_session(session) -> None:
     """Lets a session whose __init__ never ran be collected quietly (BaseSession.__del__ reads
     `_session`, which __init__ sets)."""

@@ -1,6 +1,7 @@
-"""One worker of a between-graph replicated job (run by test_distributed.py as a subprocess):
-starts its own server, builds its own one-replica graph, rewrites it with a process group, runs
-one training step and saves what it computed."""
+"""One worker of a between-graph replicated job (run by the tests as a subprocess): starts its own
+server, then either builds its own one-replica graph and rewrites it with a process group, or
+imports saved worker graphs in turn (e.g. the one `graphsync rewrite --process-group` prepared for
+its task, and the original); runs one training step on each and saves what it computed."""
 import json
 import sys
 
@@ -12,20 +13,40 @@ import graphsync
 import models
 import towerlib as tl
 
-cluster, task, batch_sizes, out_path = json.loads(sys.argv[1])
+cluster, task, batch_sizes, out_path, *saved = json.loads(sys.argv[1])
 leader = "/job:worker/replica:0/task:0"
 config = tf.compat.v1.ConfigProto()
 config.experimental.collective_group_leader = leader
 server = tf.distribute.Server(tf.train.ClusterSpec(cluster), job_name="worker", task_index=task, config=config)
 
-reports = []
-built = tl.build(models.resnetish(depth=2), [batch_sizes[task]], scope="",
-                 devices=[f"/job:worker/replica:0/task:{task}/device:CPU:0"],
-                 rewrite=lambda g: reports.append(graphsync.rewrite_towers(
-                     g, strategy="allreduce", process_group=graphsync.ProcessGroup(len(batch_sizes), task))))
 x, t = tl.data(batch_sizes, (6, 6, 3), (5,))
 part = slice(sum(batch_sizes[:task]), sum(batch_sizes[:task + 1]))
-got = tl.run_step(built, x[part], t[part], [batch_sizes[task]], target=server.target, config=config)
-np.savez(out_path, output=got["output"], loss=got["loss"], moving=np.concatenate([m.ravel() for m in got["moving"]]),
-         grads=np.concatenate([g.ravel() for g in got["grads"]]), layers=len(reports[0].layers))
-print(reports[0].summary, flush=True)
+results = {}
+if saved:   # {"metas": {variant: path}, "names": {field: [tensor, op or variable names]}}: each in turn
+    for variant, meta in saved[0]["metas"].items():
+        graph = tf.Graph()
+        with graph.as_default():
+            tf.compat.v1.train.import_meta_graph(meta)
+            names, get = saved[0]["names"], graph.as_graph_element
+            variables = {v.name: v for v in tf.compat.v1.global_variables()}
+            built = tl.Built(graph, *([get(n) for n in names[f]] for f in ("inputs", "targets", "outputs", "losses",
+                                                                            "grads")),
+                             get(names["train_op"]), [], [variables[n] for n in names["moving"]])
+        results[variant + "/"] = tl.run_step(built, x[part], t[part], [batch_sizes[task]], target=server.target,
+                                             config=config)
+else:
+    reports = []
+    built = tl.build(models.resnetish(depth=2), [batch_sizes[task]], scope="",
+                     devices=[f"/job:worker/replica:0/task:{task}/device:CPU:0"],
+                     rewrite=lambda g: reports.append(graphsync.rewrite_towers(
+                         g, strategy="allreduce", process_group=graphsync.ProcessGroup(len(batch_sizes), task))))
+    results[""] = tl.run_step(built, x[part], t[part], [batch_sizes[task]], target=server.target, config=config)
+    results[""]["layers"] = len(reports[0].layers)
+arrays = {}
+for prefix, got in results.items():
+    arrays.update({prefix + "output": got["output"], prefix + "loss": got["loss"],
+                   prefix + "moving": np.concatenate([m.ravel() for m in got["moving"]]),
+                   prefix + "grads": np.concatenate([g.ravel() for g in got["grads"]])})
+    if "layers" in got:
+        arrays["layers"] = got["layers"]
+np.savez(out_path, **arrays)

@@ -83,3 +83,28 @@ def env_for_children() -> dict:
     env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(__file__)), os.path.dirname(__file__),
                                          env.get("PYTHONPATH", "")])
     return env
+
+
+def between_graph_step(cluster: dict, batch_sizes: list, out_dir, saved: dict | None = None,
+                       timeout: float = 240) -> list:
+    """Runs tests/between_graph_worker.py once per worker of `cluster` (one training step each, see
+    there); returns each worker's saved arrays. The workers are always stopped."""
+    import numpy as np
+    worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "between_graph_worker.py")
+    os.makedirs(out_dir, exist_ok=True)
+    procs, outs = [], [os.path.join(str(out_dir), f"worker{i}.npz") for i in range(len(cluster["worker"]))]
+    try:
+        for i, out in enumerate(outs):
+            payload = [cluster, i, batch_sizes, out] + ([saved[i]] if saved else [])
+            procs.append(subprocess.Popen([sys.executable, worker, json.dumps(payload)], env=env_for_children(),
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        for proc in procs:
+            _, err = proc.communicate(timeout=timeout)
+            if proc.returncode != 0:
+                raise RuntimeError(f"a between-graph worker failed:\n{err[-3000:]}")
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
+    return [dict(np.load(out)) for out in outs]

@@ -1,9 +1,6 @@
 """TensorFlow's distributed runtime and the all-reduce strategy: in-graph replication across real
 server processes, all-reduce within one process, between-graph replication with cross-process
 collectives, and sync groups; each compared with its single-device reference."""
-import json
-import subprocess
-import sys
 import warnings
 
 import numpy as np
@@ -128,21 +125,7 @@ def test_sync_groups_each_equal_their_own_reference(strategy):
 
 def test_between_graph_replication_with_cross_process_collectives(tmp_path):
     sizes = [3, 5]
-    spec = cl.cluster_spec({"worker": 2})
-    procs, outs = [], [tmp_path / f"worker{i}.npz" for i in range(2)]
-    try:
-        for i in range(2):
-            procs.append(subprocess.Popen(
-                [sys.executable, cl.__file__.replace("cluster.py", "between_graph_worker.py"),
-                 json.dumps([spec, i, sizes, str(outs[i])])],
-                env=cl.env_for_children(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-        for proc in procs:
-            _, err = proc.communicate(timeout=240)
-            assert proc.returncode == 0, err[-2000:]
-    finally:
-        for proc in procs:
-            proc.kill()
-    got = [np.load(o) for o in outs]
+    got = cl.between_graph_step(cl.cluster_spec({"worker": 2}), sizes, tmp_path)
     x, t = tl.data(sizes, (6, 6, 3), (5,))
     ref = tl.reference_step(models.resnetish(depth=2), sizes, x, t)
     assert int(got[0]["layers"]) == 2

@@ -1,9 +1,12 @@
 """The README runs as written: every ```python block in a fresh interpreter (its output checked
 against the ```text block or the inline `prints ...` that follows it), every ```console block's
-commands in order, their output checked line by line.
+commands in order, their output checked line by line. A ```console block with a command in the
+background (ending in `&`) is a shell session: its commands run as written in one bash, in their
+own process group (stopped at the end), with the free ports the test picks for 2222 and 2223.
 
 Only what changes from run to run is masked before comparing: relative changes printed as 1.2e-03
-(float rounding differs between machines), event file names (time and host), the temporary directory.
+(float rounding differs between machines), event file names (time and host), the temporary directory,
+and in shell sessions TensorFlow's own start-up lines (absl, oneDNN, CUDA: they depend on the machine).
 When the library's output changes on purpose, refresh the README with
 
     GRAPHSYNC_UPDATE_README=1 python -m pytest -q tests/test_readme.py
@@ -96,11 +99,16 @@ def test_python_block_runs_as_written(index, tmp_path):
         assert expected in done.stdout, f"README line {line} prints:\n{done.stdout}"
 
 
-def _console_commands():
-    """(README line, command, shown output) of every `$ command` in ```console blocks, in order."""
+def _is_shell_session(body: str) -> bool:
+    return any(text.startswith("$ ") and text.rstrip().endswith("&") for text in body.splitlines())
+
+
+def _console_commands(shell_sessions: bool = False):
+    """(README line, command, shown output) of every `$ command` in ```console blocks (the shell
+    sessions' only, or all others), in order."""
     commands = []
     for lang, body, _, line in _blocks():
-        if lang != "console":
+        if lang != "console" or _is_shell_session(body) != shell_sessions:
             continue
         current = None
         for offset, text in enumerate(body.splitlines()):
@@ -143,3 +151,49 @@ def test_console_commands_print_what_the_readme_shows(tmp_path, monkeypatch):
             f"README line {line}: `{command}` prints (exit {result.exit_code}):\n{printed}\n{REFRESH}"
         failing = "graphsync: error:" in shown
         assert (result.exit_code != 0) == failing, f"README line {line}: exit {result.exit_code}"
+
+
+_TF_STARTUP = re.compile(r"^(WARNING: All log messages before absl::InitializeLog|[IWEF]\d{4} \d\d:\d\d:\d\d"
+                         r"|To enable the following instructions)")
+_PORTS = ("2222", "2223")
+
+
+def test_shell_sessions_print_what_the_readme_shows(tmp_path):
+    """E.g. two between-graph workers, one in the background: each command's output as shown."""
+    import cluster as cl
+    commands = _console_commands(shell_sessions=True)
+    assert any(c.rstrip().endswith("&") for _, c, _ in commands)
+    tmp = str(tmp_path / "walkthrough")
+    ports = [str(p) for p in cl.free_ports(len(_PORTS))]
+    marker = "@@README-COMMAND@@"
+    script = ["exec 2>&1"]
+    for _, command, _ in commands:
+        for port, free in zip(_PORTS, ports):
+            command = command.replace(f":{port}", f":{free}")
+        script += [f"echo {marker}", command.replace(WALKTHROUGH_DIR, tmp)]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
+               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    shell = subprocess.Popen(["bash", "-c", "\n".join(script)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                             text=True, start_new_session=True)
+    try:
+        out, _ = shell.communicate(timeout=600)
+    finally:
+        try:
+            os.killpg(shell.pid, 9)   # whatever the session left running
+        except ProcessLookupError:
+            pass
+    outputs = out.split(marker + "\n")[1:]
+    assert len(outputs) == len(commands), out
+    for (line, command, shown), printed in zip(commands, outputs):
+        printed = "\n".join(l for l in printed.splitlines() if not _TF_STARTUP.match(l))
+        for port, free in zip(_PORTS, ports):
+            printed = printed.replace(f":{free}", f":{port}")
+        if UPDATE and _normalize(printed, tmp) != _normalize(shown):
+            fresh = printed.replace(tmp, WALKTHROUGH_DIR).strip()
+            _replace_in_readme(f"$ {command}\n{shown}\n" if shown else f"$ {command}\n",
+                               f"$ {command}\n{fresh}\n" if fresh else f"$ {command}\n")
+            continue
+        assert _normalize(printed, tmp) == _normalize(shown), \
+            f"README line {line}: `{command}` prints:\n{printed}\n{REFRESH}"
+    assert shell.returncode == 0, out

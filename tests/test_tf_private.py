@@ -86,3 +86,14 @@ def test_a_session_whose_init_never_ran_is_collected_quietly():
     finally:
         sys.unraisablehook = hook
     assert unraisable == []
+
+
+def test_make_server_def_is_what_a_server_is_built_from():
+    config = tf1.ConfigProto()
+    config.experimental.collective_group_leader = "/job:worker/replica:0/task:0"
+    cluster = tf.train.ClusterSpec({"worker": ["127.0.0.1:1", "127.0.0.1:2"], "ps": ["127.0.0.1:3"]})
+    server_def = tf_private.make_server_def(cluster, "worker", 1, None, config)
+    assert isinstance(server_def, tf.train.ServerDef)
+    assert (server_def.job_name, server_def.task_index, server_def.protocol) == ("worker", 1, "grpc")
+    assert server_def.default_session_config.experimental.collective_group_leader == "/job:worker/replica:0/task:0"
+    assert tf_private.make_server_def(server_def, None, None, None, None) == server_def

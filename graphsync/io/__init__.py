@@ -158,8 +158,9 @@ def check_paths(input_path: str, output_path: str) -> None:
 
 
 def require_towers(report, path: str) -> None:
-    """A file rewrite needs at least two towers; raises GraphsyncError naming what was found."""
-    if len(report.towers) >= 2:
+    """A file rewrite needs at least two towers (or one per worker process of a process group);
+    raises GraphsyncError naming what was found."""
+    if len(report.towers) >= 2 or (report.process_group and report.layers):
         return
     if not report.towers:
         if not report.skipped:
@@ -188,7 +189,7 @@ def write_event_file(graph: tf.Graph, logdir: str) -> str:
 
 def rewrite_file(input_path: str, output_path: str | None, *, towers=None, device: str | None = None,
                  strategy: str = "gather", group_size: int | None = None, tags=None, fmt: str | None = None, logdir: str | None = None, dry_run: bool = False,
-                 stage=lambda name: None):
+                 stage=lambda name: None, process_group=None):
     """load → rewrite_towers → save (unless dry_run) → TensorBoard log; returns (report, details).
 
     `stage(name)` is called as each step starts ("loading", "rewriting", "saving", "logging").
@@ -208,7 +209,7 @@ def rewrite_file(input_path: str, output_path: str | None, *, towers=None, devic
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         report = rewrite_towers(loaded.graph, towers=towers, device=device, strategy=strategy,
-                                group_size=group_size)
+                                group_size=group_size, process_group=process_group)
     require_towers(report, input_path)
     details = {"input": input_path, "input_format": loaded.format, "output": output_path,
                "output_format": fmt, "dry_run": dry_run, "ops_before": ops_before,

@@ -1,0 +1,122 @@
+"""An unchanged between-graph worker script, as TF1 users write them: its cluster and task from
+TF_CONFIG, its own tf.distribute.Server, its own graph with its own towers (one unscoped tower by
+default), a plain Session on the server, one training step on its shard of the batch; then what
+it computed saved to OUT (.npz). tests/test_between_graph.py runs it under `graphsync run` and
+under plain python.
+
+    TF_CONFIG='{"cluster": {"worker": [...]}, "task": {"type": "worker", "index": 1}}' \\
+        python between_graph_train.py OUT [--sizes 3,5] [--towers 1] [--channels 4]
+
+--sizes: examples per worker (per tower with --towers K: K numbers per worker, worker after worker).
+The model: conv → batch norm → relu → conv → batch norm → relu → mean → dense, squared-error loss
+summed over the examples, so the workers' summed gradients are those of one device on the whole
+batch. `reference(sizes, towers)` is that one-device run (the test calls it in its own process).
+"""
+import argparse
+import json
+import os
+import warnings
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+tf1 = tf.compat.v1
+tf1.disable_eager_execution()
+tf.get_logger().setLevel("ERROR")
+warnings.filterwarnings("ignore", category=UserWarning, message=".*is deprecated")
+
+IMAGE = (6, 6, 3)
+OUTPUTS = 5
+
+
+def data(total):
+    """The whole batch: examples whose mean drifts along it, so every shard's statistics differ."""
+    rng = np.random.RandomState(0)
+    x = rng.randn(total, *IMAGE).astype(np.float32) * 2 + np.linspace(-3, 3, total, dtype=np.float32)[:, None, None, None]
+    return x, rng.randn(total, OUTPUTS).astype(np.float32)
+
+
+def model(x, channels):
+    init = tf1.glorot_uniform_initializer
+    h = tf1.layers.conv2d(x, channels, 3, padding="same", use_bias=False, kernel_initializer=init(seed=1), name="conv1")
+    h = tf.nn.relu(tf1.layers.batch_normalization(h, training=True, name="bn1"))
+    h = tf1.layers.conv2d(h, channels, 3, padding="same", use_bias=False, kernel_initializer=init(seed=2), name="conv2")
+    h = tf.nn.relu(tf1.layers.batch_normalization(h, training=True, name="bn2"))
+    return tf1.layers.dense(tf.reduce_mean(h, [1, 2]), OUTPUTS, kernel_initializer=init(seed=3), name="head")
+
+
+def build(sizes, channels, devices, scopes):
+    """Towers of `sizes` examples (one per device and scope), shared variables, summed gradients."""
+    x, t = tf1.placeholder(tf.float32, [None, *IMAGE]), tf1.placeholder(tf.float32, [None, OUTPUTS])
+    xs, ts = tf.split(x, sizes), tf.split(t, sizes)
+    outputs, losses, tower_grads = [], [], []
+    opt = tf1.train.GradientDescentOptimizer(0.1)
+    for i, (device, scope) in enumerate(zip(devices, scopes)):
+        with tf.device(device), tf1.name_scope(scope or None), tf1.variable_scope("model", reuse=i > 0):
+            y = model(xs[i], channels)
+            loss = 0.5 * tf.reduce_sum(tf.square(y - ts[i]))
+            outputs.append(y), losses.append(loss)
+            tower_grads.append(opt.compute_gradients(loss))
+    grads = [(tf.add_n([g for g, _ in gv]), gv[0][1]) for gv in zip(*tower_grads)]
+    with tf.control_dependencies(tf1.get_collection(tf1.GraphKeys.UPDATE_OPS, scopes[0] or None)):
+        train_op = opt.apply_gradients(grads)
+    moving = sorted((v for v in tf1.global_variables() if "moving" in v.name), key=lambda v: v.name)
+    return x, t, outputs, losses, [g for g, _ in grads], train_op, moving
+
+
+def step(target, config, sizes, channels, devices, scopes, x_data, t_data):
+    graph = tf.Graph()
+    with graph.as_default():
+        x, t, outputs, losses, grads, train_op, moving = build(sizes, channels, devices, scopes)
+        with tf1.Session(target, config=config) as sess:
+            sess.run(tf1.global_variables_initializer())
+            feed = {x: x_data, t: t_data}
+            got_outputs, got_losses, got_grads = sess.run([outputs, losses, grads], feed)
+            sess.run(train_op, feed)
+            got_moving = sess.run(moving)
+    return {"output": np.concatenate(got_outputs), "loss": np.array(got_losses),
+            "grads": np.concatenate([g.ravel() for g in got_grads]),
+            "moving": np.concatenate([m.ravel() for m in got_moving])}
+
+
+def reference(sizes, channels=4):
+    """One device on the concatenated batch; `loss` per shard of `sizes`."""
+    x, t = data(sum(sizes))
+    config = tf1.ConfigProto(device_count={"CPU": 1})
+    got = step("", config, [sum(sizes)], channels, ["/cpu:0"], [""], x, t)
+    per_example = 0.5 * np.square(got["output"].astype(np.float64) - t).sum(1)
+    got["loss"] = np.array([part.sum() for part in np.split(per_example, np.cumsum(sizes)[:-1])])
+    return got
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--sizes", default="3,5")
+    parser.add_argument("--towers", type=int, default=1, help="towers per worker")
+    parser.add_argument("--channels", type=int, default=4)
+    args = parser.parse_args()
+    tf_config = json.loads(os.environ["TF_CONFIG"])
+    job, index = tf_config["task"]["type"], tf_config["task"]["index"]
+    config = tf1.ConfigProto(device_count={"CPU": args.towers}, inter_op_parallelism_threads=2,
+                             intra_op_parallelism_threads=1)
+    server = tf.distribute.Server(tf.train.ClusterSpec(tf_config["cluster"]), job_name=job, task_index=index,
+                                  config=config)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    mine = sizes[index * args.towers:(index + 1) * args.towers]
+    start = sum(sizes[:index * args.towers])
+    x, t = data(sum(sizes))
+    here = f"/job:{job}/task:{index}"
+    devices = [f"{here}/cpu:{k}" for k in range(args.towers)]
+    scopes = [""] if args.towers == 1 else [f"tower_{k}" for k in range(args.towers)]
+    got = step(server.target, None, mine, args.channels, devices, scopes,
+               x[start:start + sum(mine)], t[start:start + sum(mine)])
+    np.savez(args.out, **got)
+    print(f"{job}:{index} trained on {sum(mine)} examples", flush=True)
+
+
+if __name__ == "__main__":
+    main()

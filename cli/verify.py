@@ -27,6 +27,19 @@ def _parse_feed(ctx, param, values):
     return feeds
 
 
+def _parse_batch_size(ctx, param, value):
+    """N (every tower) or N,N,… (one size per tower, for towers of different sizes)."""
+    if value is None:
+        return None
+    try:
+        sizes = [int(part) for part in value.split(",")]
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not N or N,N,… (examples per tower)") from None
+    if any(n < 1 for n in sizes):
+        raise click.BadParameter(f"{value!r}: every tower needs at least one example")
+    return sizes[0] if len(sizes) == 1 else sizes
+
+
 @click.command(epilog="""\b
 Examples:
   graphsync verify train_sync.meta
@@ -34,6 +47,7 @@ Examples:
   graphsync verify export_dir_sync --tags train --json
   graphsync verify train_sync.meta --input images --input labels --loss total_loss --num-classes 10
   graphsync verify train_sync.meta --feed learning_rate=0.1 --batch-size 8
+  graphsync verify train_sync.meta --batch-size 3,5                # towers of 3 and 5 examples
 
 \b
 Exit status: 0 synchronized, 3 not synchronized (the reason on stderr), 1 the graph cannot be
@@ -44,17 +58,18 @@ checked (inputs or loss not found, or it does not run), 2 usage error.""")
 @click.option("--input", "inputs", metavar="NAME", multiple=True,
               help="A tensor to feed with random examples (repeatable): relative to a tower (images) or one "
                    "tower's (tower_0/images) for per-tower inputs, else one tensor holding the whole batch. "
-                   "Default: the placeholders in the towers.")
+                   "Default: found by structure (placeholders, a whole batch split into the towers, iterators, "
+                   "queues, staging areas, random inputs made in each tower).")
 @click.option("--loss", metavar="NAME",
               help="The loss tensor, per tower or global (default: the losses collection, else a scalar named "
-                   "total_loss, loss or *_loss in every tower).")
+                   "total_loss, loss or *_loss in every tower, else what tf.gradients differentiates).")
 @click.option("--num-classes", type=click.IntRange(min=1), metavar="K",
               help="Integer inputs get values in 0..K-1 (default: inferred from the logits' width, a one-hot "
                    "depth or a table size).")
 @click.option("--feed", "feeds", metavar="NAME=VALUE", multiple=True, callback=_parse_feed,
               help="Feed a tensor a fixed value in both runs (repeatable; VALUE is JSON: 0.1, true, [1, 2]).")
-@click.option("--batch-size", type=click.IntRange(min=1), metavar="N",
-              help="Examples per tower (default: what the graph fixes, else 4).")
+@click.option("--batch-size", metavar="N[,N…]", callback=_parse_batch_size,
+              help="Examples per tower, or one number per tower (default: what the graph fixes, else 4).")
 @click.option("--group-size", type=click.IntRange(min=2), metavar="N",
               help="The towers were synchronized in groups of N (rewrite's group_size): exchange within groups.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random examples.")

@@ -28,7 +28,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
 WALKTHROUGH_DIR = "/tmp/walkthrough"
 _BLOCK = re.compile(r"^```(?P<lang>\w*)\n(?P<body>.*?)^```\n(?P<after>(?:(?!^```).)*)", re.S | re.M)
-_FIGURE = re.compile(r"\b\d\.\de[+-]\d\d\b")
+# 1.2e-07, or a table's exact 0, with the padding that right-aligns it (its width varies)
+_FIGURE = re.compile(r" *\b\d\.\de[+-]\d\d\b| {2,}0(?=  |\n|$)")
 _EVENT_FILE = re.compile(r"events\.out\.tfevents\.\S+")
 UPDATE = bool(os.environ.get("GRAPHSYNC_UPDATE_README"))
 REFRESH = "run GRAPHSYNC_UPDATE_README=1 python -m pytest -q tests/test_readme.py to refresh the README"
@@ -63,7 +64,7 @@ def _expected_output(blocks, index):
 def _normalize(text: str, tmp: str | None = None) -> list[str]:
     if tmp:
         text = text.replace(tmp, WALKTHROUGH_DIR)
-    text = _EVENT_FILE.sub("events.out.tfevents.<time>.<host>", _FIGURE.sub("<figure>", text))
+    text = _EVENT_FILE.sub("events.out.tfevents.<time>.<host>", _FIGURE.sub(" <figure>", text))
     return [line.rstrip() for line in text.strip().splitlines()]
 
 

@@ -59,7 +59,9 @@ def test_rewritten_fixture_passes_and_original_fails(fixture_reports):
     synced, original = report.rewritten, report.original
     for check in ("loss", "updates") + (("gradients",) if name != "forward_2towers" else ()):
         assert getattr(synced, check) < SYNCED_MAX, (check, report.format())
-        assert getattr(original, check) > UNSYNCED_MIN, (check, report.format())
+        # the summed loss moves least (measured 5e-3..2e-2); it still fails the tolerance
+        assert getattr(original, check) > (UNSYNCED_MIN if check != "loss" else 2 * report.tolerance), \
+            (check, report.format())
     assert name != "forward_2towers" or synced.gradients is None  # no optimizer in that graph
 
 
@@ -237,14 +239,20 @@ def _split_batch_graph(rewrite: bool):
 
 
 def test_shared_batch_input_split_in_the_graph():
+    """The pieces of the split are fed (the tensors the towers read); --input feeds the whole batch."""
     report = graphsync.verify(_split_batch_graph(rewrite=True))
     assert report.passed, report.format()
-    assert [(i["name"], i["kind"], i["shape"]) for i in report.inputs] == [("images:0", "shared", "[8, 6, 6, 3]")]
+    assert [(i["name"], i["kind"], i["shape"]) for i in report.inputs] == [("split:*", "per_tower", "[4, 6, 6, 3]")]
+    assert report.inputs[0]["origin"] == "Split of images:0 (a placeholder)"
     assert not graphsync.verify(_split_batch_graph(rewrite=False)).passed
+    whole = graphsync.verify(_split_batch_graph(rewrite=True), inputs=["images"])
+    assert whole.passed and [(i["name"], i["kind"], i["shape"]) for i in whole.inputs] == \
+        [("images:0", "shared", "[8, 6, 6, 3]")]
 
 
 def test_named_inputs_feed_any_tensor():
-    """An in-graph input pipeline has no placeholder: --input names the tensors to feed instead."""
+    """An in-graph input pipeline has no placeholder: the random tensor each tower reads is found
+    and fed; --input names any tensor to feed instead."""
     graph = tf.Graph()
     with graph.as_default():
         losses = []
@@ -257,8 +265,10 @@ def test_named_inputs_feed_any_tensor():
                 losses.append(tf.reduce_mean(tf.square(h), name="loss"))
         tf.gradients(tf.add_n(losses), tf1.trainable_variables())
         graphsync.rewrite_towers(graph)
-    with pytest.raises(graphsync.GraphsyncError, match="found no batch input.*--input"):
-        graphsync.verify(graph)
+    found = graphsync.verify(graph)
+    assert found.passed, found.format()
+    assert found.inputs[0]["name"] == "tower_*/images:0" and found.per_tower == 4
+    assert found.inputs[0]["origin"] == "a random tensor in each tower, fed after its preprocessing (Identity)"
     report = graphsync.verify(graph, inputs=["tower_0/images"])
     assert report.passed, report.format()
     assert report.inputs[0]["name"] == "tower_*/images:0" and report.per_tower == 4   # the fixed batch

@@ -19,7 +19,7 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from graphsync.verification import data, discover, run, trace
+from graphsync.verification import data, discovery, run, trace
 from graphsync.verification.report import CHECKS, Figures, VerifyReport
 
 __all__ = ["verify", "VerifyReport", "Figures", "DEFAULT_TOLERANCE"]
@@ -44,13 +44,16 @@ def verify(graph, *, original=None, towers=None, inputs=None, loss=None, num_cla
                       variable values (matched by name) and is reported next to `graph`.
     towers:           as for rewrite_towers (None: discover tower_0/, tower0/, clone_0/, replica_1/…).
     inputs:           names of the tensors to feed with examples (relative to a tower, or one tower's
-                      tensor, for per-tower inputs; any tensor can be fed). Default: the placeholders
-                      in the towers that the loss and gradients depend on.
+                      tensor, for per-tower inputs; any tensor can be fed). Default: what carries each
+                      tower's examples, found by structure (placeholders, a whole batch split into
+                      the towers, iterators, queues, staging areas, random inputs made in the towers;
+                      see graphsync.verification.discovery).
     loss:             the loss tensor's name (per tower, or one global loss). Default: the `losses`
                       collection, else a float scalar named total_loss, loss or *_loss in every tower.
     num_classes:      range of integer inputs (default: inferred from what reads them, e.g. the logits).
     feeds:            {tensor name: value} for other tensors, fed unchanged in both runs.
-    batch_size:       examples per tower (default: what the graph fixes, else 4).
+    batch_size:       examples per tower, one number or one per tower (default: what the graph
+                      fixes, else 4).
     group_size:       towers synchronized in consecutive groups of this size (as for rewrite_towers):
                       examples are exchanged within groups only.
     seed, tolerance:  the random data's seed; the largest relative change that passes.
@@ -60,7 +63,7 @@ def verify(graph, *, original=None, towers=None, inputs=None, loss=None, num_cla
     """
     label, source_graph, collection = _source(graph, tags)
     working, devices, cpus = run.on_cpus(source_graph)
-    subject = discover.discover(working, towers=towers, inputs=inputs, loss=loss, num_classes=num_classes,
+    subject = discovery.discover(working, towers=towers, inputs=inputs, loss=loss, num_classes=num_classes,
                                 feeds=feeds, losses_collection=collection)
     batch = data.draw(subject.inputs, len(subject.towers), batch_size, seed, group_size)
     with run.Runner(subject, batch, cpus) as runner:
@@ -74,7 +77,7 @@ def verify(graph, *, original=None, towers=None, inputs=None, loss=None, num_cla
     if original is not None:
         _, original_graph, original_collection = _source(original, tags)
         original_working, _, original_cpus = run.on_cpus(original_graph)
-        original_subject = discover.discover(
+        original_subject = discovery.discover(
             original_working, towers=towers, inputs=inputs, loss=loss, num_classes=num_classes, feeds=feeds,
             losses_collection=original_collection)
         with run.Runner(original_subject, batch, original_cpus, initial_values) as runner:
@@ -189,11 +192,12 @@ def _verdict(figures: Figures, batch, tolerance: float) -> tuple[bool, str]:
 
 
 def _describe(item, batch) -> dict:
-    """One input as the report shows it: the shape fed to each tensor."""
+    """One input as the report shows it: the shape fed to each tensor, and where it was found."""
     per_example = [data.UNKNOWN_DIM if d is None else d for d in item.example_shape]
-    examples = batch.per_tower if item.kind == "per_tower" else batch.examples
+    sizes = "|".join(str(n) for n in sorted(set(batch.sizes), key=batch.sizes.index))
+    examples = sizes if item.kind == "per_tower" else batch.examples
     shape = per_example if item.kind == "fixed" else [examples] + per_example
     value = item.value.tolist() if item.kind == "fixed" and hasattr(item.value, "tolist") else None
     return {"name": item.label, "kind": item.kind, "dtype": item.dtype.name,
             "shape": "[" + ", ".join(str(d) for d in shape) + "]",
-            "classes": item.classes, "classes_from": item.classes_from, "value": value}
+            "classes": item.classes, "classes_from": item.classes_from, "value": value, "origin": item.origin}

@@ -50,7 +50,7 @@ class VerifyReport:
     loss: list[str]
     loss_source: str
     examples: int
-    per_tower: int
+    per_tower: int | list        # examples per tower (a list when the towers differ)
     moved: int
     seed: int
     tolerance: float
@@ -82,11 +82,13 @@ class VerifyReport:
                  f"{_count(len(self.rewritten.layers), 'synchronized layer')}"]
         for device, cpu in self.devices.items():
             lines.append(f"  runs {device} as {cpu}")
-        lines.append(f"inputs: {self.per_tower} random examples per tower (seed {self.seed})")
+        sizes = self.per_tower if isinstance(self.per_tower, int) else "/".join(map(str, self.per_tower))
+        lines.append(f"inputs: {sizes} random examples per tower (seed {self.seed})")
         for item in self.inputs:
             lines.append(f"  {item['name']}  {item['dtype']} {item['shape']}"
                          + (f", classes 0..{item['classes'] - 1} ({item['classes_from']})" if item["classes"] else "")
-                         + (f", fixed {item['value']}" if item["kind"] == "fixed" else ""))
+                         + (f", fixed {item['value']}" if item["kind"] == "fixed" else "")
+                         + (f"  ({item['origin']})" if item.get("origin") else ""))
         loss = ", ".join(self.loss) if len(self.loss) <= 4 else f"{self.loss[0]} and {len(self.loss) - 1} more"
         lines.append(f"loss: {loss} ({self.loss_source})" if self.loss else "loss: none found (pass --loss NAME)")
         within = f" (within groups of {self.group_size})" if self.group_size else ""

@@ -13,7 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from graphsync.errors import GraphsyncError
-from graphsync.verification.discover import Subject
+from graphsync.verification.discovery import Subject
 
 tf1 = tf.compat.v1
 TIMEOUT_MS = 300_000

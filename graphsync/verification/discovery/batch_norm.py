@@ -1,0 +1,70 @@
+"""The per-tower batch-norm ops (after a rewrite none of them may run) and the layers graphsync
+synchronized (from its aggregation scopes or collectives)."""
+from __future__ import annotations
+
+import tensorflow as tf
+
+from graphsync import match
+from graphsync.towers import Tower, tower_of
+from graphsync.verification import trace
+
+
+def batch_norm_ops(graph: tf.Graph, towers: list[Tower]) -> list[str]:
+    """Per-tower batch-norm ops that compute per-tower statistics: training-mode fused ops and
+    their gradient ops, and the two Mean ops of `tf.nn.moments` over the batch axis (also once
+    graphsync rerouted them: their StopGradient then reads `<mean op>_sync/…`)."""
+    names = []
+    for op in graph.get_operations():
+        if op.type in match.FUSED_TYPES and match.is_training(op):
+            names.append(op.name)
+            names.extend(g.name for g in match.fused_gradient_ops(op))
+        elif op.type == "SquaredDifference":
+            names.extend(_moments_ops(graph, op))
+    return sorted({n for n in names if tower_of(n, towers) is not None and not n.startswith("graphsync/")
+                   and "_sync/" not in n and "_sync_grad_" not in n})
+
+
+def _moments_ops(graph: tf.Graph, sqdiff: tf.Operation) -> list[str]:
+    """The Mean ops of a `tf.nn.moments` over the batch axis around this SquaredDifference(x,
+    StopGradient(·)): its variance (the Mean reading it) and its mean (the Mean of x over the same
+    axes), however a rewrite rewired the StopGradient."""
+    x, stopped = sqdiff.inputs
+    if stopped.op.type != "StopGradient":
+        x, stopped = stopped, x
+    if stopped.op.type != "StopGradient":
+        return []
+    found = []
+    for variance in sqdiff.outputs[0].consumers():
+        if variance.type != "Mean" or not _reduces_batch(variance):
+            continue
+        axes = _axes(variance)
+        means = [c for c in x.consumers() if c.type == "Mean" and _axes(c) == axes
+                 and c.get_attr("keep_dims") == variance.get_attr("keep_dims")]
+        if means:
+            found += [variance.name] + [m.name for m in means]
+    return found
+
+
+def _axes(op: tf.Operation):
+    axes = tf.get_static_value(op.inputs[1])
+    rank = op.inputs[0].shape.rank
+    if axes is None or not rank:
+        return None
+    return tuple(sorted({int(a) % rank for a in (axes.ravel() if hasattr(axes, "ravel") else [axes])}))
+
+
+def _reduces_batch(op: tf.Operation) -> bool:
+    axes = _axes(op)
+    return axes is not None and op.inputs[0].shape.rank >= 2 and 0 in axes
+
+
+def synchronized_layers(graph: tf.Graph, towers: list[Tower]) -> list[str]:
+    """The layers graphsync synchronized: from their aggregation scopes (graphsync/<layer>/…) or,
+    all-reduced, from the collectives in the towers' <layer>_sync/ scopes."""
+    layers = set()
+    for op in graph.get_operations():
+        if op.name.startswith("graphsync/") or op.type.startswith("Collective"):
+            found = trace.layer_of(op.name, towers)
+            if found:
+                layers.add(found[0])
+    return sorted(layers)

@@ -1,0 +1,76 @@
+"""Where a source's examples enter each tower: walking down from the source to the first tensors
+that only one tower reads.
+
+    per-tower source     a placeholder, iterator or random tensor read by one tower only: itself
+    one whole batch      split, sliced, strided or unstacked outside the towers (tf.split, tf.slice,
+                         x[i::T], tf.unstack), or sliced by each tower from the whole tensor: the
+                         pieces, one (or more) per tower
+    per-replica inputs   MirroredStrategy's iterators outside replica_1/…, read by one replica each:
+                         as a per-tower source
+    read as a whole      by something outside the towers that is no splitting (a loss over the
+                         whole batch, say): GLOBAL, fed whole in tower order
+
+Feeding the pieces rather than the whole tensor lets towers hold different numbers of examples
+and keeps strided slicing right; the splitting ops then do not run.
+"""
+from __future__ import annotations
+
+import tensorflow as tf
+
+from graphsync.verification.discovery.loss import GRADIENT_SCOPE
+
+GLOBAL = "global"
+# Ops that carry a whole batch to the towers without mixing its examples.
+PLUMBING = ("Identity", "IdentityN", "Snapshot", "StopGradient", "EnsureShape", "Cast", "Reshape", "Squeeze", "ExpandDims",
+            "Split", "SplitV", "Slice", "StridedSlice", "Unpack", "GatherV2", "Gather", "Transpose",
+            "Enter", "Switch", "Merge")
+SLICING = ("Split", "SplitV", "Slice", "StridedSlice", "Unpack", "GatherV2", "Gather")
+_DATA_INPUT = {"Split": 1}   # which input holds the data (tf.split's axis comes first)
+ELEMENTWISE = ("Mul", "Add", "AddV2", "Sub", "RealDiv", "Div", "Maximum", "Minimum", "FloorDiv")
+
+
+def constant(tensor: tf.Tensor) -> bool:
+    """A value the graph fixes (a constant, or computed from constants only)."""
+    return tensor.op.type == "Const" or tf.get_static_value(tensor) is not None
+
+
+def carries(op: tf.Operation, tensor: tf.Tensor) -> bool:
+    """`op` passes `tensor`'s examples on unmixed: plumbing, or arithmetic with a constant."""
+    if op.type in PLUMBING:
+        return op.type == "IdentityN" or data_input(op) is tensor
+    if op.type in ELEMENTWISE and len(op.inputs) == 2:
+        other = op.inputs[1] if op.inputs[0] is tensor else op.inputs[0]
+        return constant(other)
+    return False
+
+
+def data_input(op: tf.Operation) -> tf.Tensor:
+    return op.inputs[_DATA_INPUT.get(op.type, 0)]
+
+
+def find(tensor: tf.Tensor, needed: set, tower_of_op):
+    """{tower: [tensors it reads]} for `tensor`'s examples, or GLOBAL when something shared reads
+    the whole of it (or it reaches no tower)."""
+    found: dict = {}
+    stack, seen = [tensor], set()
+    while stack:
+        current = stack.pop()
+        if current.ref() in seen:
+            continue
+        seen.add(current.ref())
+        readers = [c for c in current.consumers() if c in needed]
+        if not readers:
+            continue
+        # the backward pass reads what its forward op reads, from wherever tf.gradients was called
+        readers = [c for c in readers if not GRADIENT_SCOPE.search(c.name)] or readers
+        owners = {tower_of_op(c) for c in readers}
+        if len(owners) == 1 and None not in owners:
+            found.setdefault(owners.pop(), []).append(current)
+            continue
+        for reader in readers:
+            in_tower = tower_of_op(reader) is not None
+            if (reader.type in SLICING and data_input(reader) is current) if in_tower else carries(reader, current):
+                stack.extend(o for o in reader.outputs if o.dtype == current.dtype or reader.type == "Cast")
+            else:
+                return GLOBAL
+    return found or GLOBAL

@@ -1,0 +1,152 @@
+"""Everything verify feeds and fetches in one graph, found by the other modules of this package."""
+from __future__ import annotations
+
+import dataclasses
+
+import tensorflow as tf
+
+from graphsync.errors import GraphsyncError
+from graphsync.towers import Tower
+from graphsync.verification.discovery import (batch_norm, entries, inputs, loss as losses, names, pairing, sources,
+                                              state, synthetic, towers as tower_scopes)
+from graphsync.verification.discovery.inputs import Input
+from graphsync.verification.discovery.state import Variable
+
+
+@dataclasses.dataclass
+class Subject:
+    """A graph and everything verify runs in it (names, so the same names can be found in the
+    un-rewritten graph)."""
+
+    graph: tf.Graph
+    towers: list[Tower]
+    inputs: list[Input]
+    loss: list[str]
+    loss_source: str
+    gradients: list[str]
+    updates: list[str]
+    batch_norm_ops: list[str]
+    layers: list[str]
+    variables: list[Variable]
+    notes: list[str]
+
+
+def discover(graph: tf.Graph, *, towers=None, inputs=None, loss=None, num_classes=None, feeds=None,
+             losses_collection=None) -> Subject:
+    """Finds towers, inputs, loss, gradients, updates and batch-norm ops; raises GraphsyncError with
+    the option to pass when something cannot be found."""
+    notes: list[str] = []
+    found_towers = tower_scopes.find(graph, towers)
+    loss_tensors, loss_source = losses.find(graph, found_towers, loss, losses_collection)
+    gradients = state.gradients(graph, notes)
+    writes = state.writes(graph)
+    by_user = [_named(graph, found_towers, name, num_classes) for name in (inputs or [])]
+    by_user += [inputs.given(names.tensor(graph, name), value) for name, value in (feeds or {}).items()]
+    user_tensors = {t for item in by_user for t in item.tensors}
+    fetches = [graph.get_tensor_by_name(n) for n in loss_tensors + gradients] or [w.inputs[1] for w in writes]
+    found_inputs = by_user + _found(graph, found_towers, fetches, user_tensors, num_classes, notes)
+    if not any(i.kind in ("per_tower", "shared") for i in found_inputs):
+        raise GraphsyncError("found no batch input to feed (no placeholder, input pipeline or random input "
+                             "read by the towers): name the tensors that carry each tower's examples with "
+                             "--input NAME")
+    fed = {t for i in found_inputs for t in i.tensors}
+    downstream = state.downstream(graph, fed)
+    updates = [w.inputs[1].name for w in writes if w.inputs[1].op in downstream]
+    if not (loss_tensors or gradients or updates):
+        raise GraphsyncError("nothing to compare: found no loss, no optimizer and no moving statistics "
+                             "that depend on the inputs; name the loss with --loss NAME")
+    if not loss_tensors:
+        notes.append("no loss found (no `losses` collection, no scalar named loss): comparing the gradients "
+                     "and moving statistics; name it with --loss NAME to compare it too")
+    return Subject(graph, found_towers, found_inputs, loss_tensors, loss_source, gradients, updates,
+                   batch_norm.batch_norm_ops(graph, found_towers),
+                   batch_norm.synchronized_layers(graph, found_towers), state.variables(graph), notes)
+
+
+def _named(graph, towers, name, num_classes) -> Input:
+    """--input NAME: per tower when NAME exists in every tower (given relative to the tower or as
+    one tower's tensor), else one tensor holding the whole batch."""
+    in_towers = names.per_tower(graph, towers, name)
+    if in_towers:
+        return inputs.batch(graph, "per_tower", in_towers, num_classes, origin="--input")
+    return inputs.batch(graph, "shared", [names.tensor(graph, name).name], num_classes, origin="--input")
+
+
+def _found(graph, towers, fetches, user_tensors, num_classes, notes) -> list[Input]:
+    """The inputs the fetches depend on that the user did not name: per-tower inputs first, then
+    tensors read as a whole batch, then fixed values for placeholders without a batch axis."""
+    needed = sources.needed(fetches, user_tensors)
+    tower_of_op = tower_scopes.membership(graph, towers)
+    found_entries, whole, noise = [], [], []
+    for source in sources.find(needed):
+        tensor = source.tensor
+        where = entries.find(tensor, needed, tower_of_op) if tensor.shape.rank != 0 else entries.GLOBAL
+        if where == entries.GLOBAL:
+            whole.append(source)
+            continue
+        for tower, tensors in where.items():
+            for entry in tensors:
+                read = entry if source.kind == "placeholder" else synthetic.read_tensor(entry, needed)
+                if source.kind == "random" and synthetic.is_noise(tensor, read, needed):
+                    # fed as drawn, so only where the tower reads the random op's output itself
+                    noise.append(pairing.Entry(tower, tensor if entry is tensor else entry,
+                                               "noise in each tower (dropout?), drawn as the graph draws it and "
+                                               "moved with its examples", tensor))
+                    continue
+                how = f"{source.what} in each tower" if entry is tensor else \
+                    f"{entry.op.type} of {tensor.name} ({source.what})"
+                if read is not entry:
+                    how += f", fed after its preprocessing ({read.op.type})"
+                found_entries.append(pairing.Entry(tower, read, how, tensor))
+    found = []
+    for group in sorted(pairing.pair(found_entries, towers, needed, tower_of_op), key=_images_first):
+        tensor_names = [e.tensor.name for e in group]
+        found.append(inputs.batch(graph, "per_tower", tensor_names, num_classes, origin=group[0].origin))
+    for source in whole:
+        tensor = source.tensor
+        if source.kind != "placeholder":
+            if tensor.shape.rank:
+                found.append(inputs.batch(graph, "shared", [tensor.name], num_classes,
+                                          origin=f"{source.what}, read as a whole"))
+            continue
+        if tensor.shape.rank and tensor.shape[0] is None:
+            found.append(inputs.batch(graph, "shared", [tensor.name], num_classes,
+                                      origin=f"{source.what}, read as a whole"))
+        else:
+            found.append(inputs.fixed(tensor))
+    found += _noise(graph, towers, noise, found, needed, tower_of_op, notes)
+    return found
+
+
+def _noise(graph, towers, noise: list, found: list, needed, tower_of_op, notes) -> list[Input]:
+    """Dropout masks and noise, fed from their own distribution and exchanged with their examples
+    (a mask that stayed in place while the examples moved would change every figure). Noise that
+    cannot be fed that way (shape unknown, not per example) draws new values in every run: said."""
+    sizes = {tuple(i.static_batches) for i in found if i.kind == "per_tower" and any(i.static_batches)}
+    fed, left = [], []
+    feedable = [e for e in noise if e.tensor is e.source and synthetic.distribution(e.tensor)
+                and e.tensor.shape.rank and e.tensor.shape[1:].is_fully_defined()]
+    left += [e.tensor.name for e in noise if e not in feedable]
+    try:
+        groups = pairing.pair(feedable, towers, needed, tower_of_op)
+    except GraphsyncError:
+        groups, left = [], left + [e.tensor.name for e in feedable]
+    for group in groups:
+        batches = tuple(e.tensor.shape[0] for e in group)
+        per_example = batches in sizes if sizes else all(b is None or b > 1 for b in batches)
+        if all(b is None for b in batches) or per_example:
+            item = inputs.batch(graph, "per_tower", [e.tensor.name for e in group], None, origin=group[0].origin)
+            item.draw = synthetic.distribution(group[0].tensor)
+            fed.append(item)
+        else:
+            left += [e.tensor.name for e in group]
+    if left:
+        notes.append(f"{len(set(left))} random tensors are no input and cannot be fed per example (dropout or noise, "
+                     f"e.g. {sorted(left)[0]}): they draw new values in every run")
+    return fed
+
+
+def _images_first(group) -> tuple:
+    """Float inputs (images) before integer ones (labels), then by name."""
+    tensor = group[0].tensor
+    return not tensor.dtype.is_floating, tensor.name

@@ -274,11 +274,12 @@ def all_reduce(x: tf.Tensor, group_size: int, group_key: int, instance_key: int,
     """Sum of x over the group, with a gradient that all-reduces the incoming gradient. `ops`
     (a FastOps) shares the key constants across layers."""
     constant = ops.constant if ops is not None else (lambda value, dtype: tf.constant(value, dtype))
-    with x.graph.gradient_override_map({"CollectiveReduceV2": ALLREDUCE_GRADIENT}):
-        return tf.raw_ops.CollectiveReduceV2(
-            input=x, group_size=constant(group_size, tf.int32), group_key=constant(group_key, tf.int32),
-            instance_key=constant(instance_key, tf.int32), ordering_token=[], merge_op="Add", final_op="Id",
-            name=name)
+    keys = [constant(value, tf.int32) for value in (group_size, group_key, instance_key)]
+    attrs = {"T": attr_value_pb2.AttrValue(type=x.dtype.as_datatype_enum),
+             "merge_op": attr_value_pb2.AttrValue(s=b"Add"), "final_op": attr_value_pb2.AttrValue(s=b"Id"),
+             "Nordering_token": attr_value_pb2.AttrValue(i=0),
+             "_gradient_op_type": attr_value_pb2.AttrValue(s=ALLREDUCE_GRADIENT.encode())}
+    return create_op(x.graph, "CollectiveReduceV2", [x] + keys, attrs, name or "CollectiveReduceV2").outputs[0]
 
 
 @tf.RegisterGradient(ALLREDUCE_GRADIENT)

@@ -18,15 +18,17 @@ were spelled out). The backward stacks the towers' [a, b] and reduces them in th
 Collectives span processes too (between-graph replication).
 
 Rewritten before its gradients, a layer hands each tower its statistics through a *view*: one
-`IdentityN` per tower (μ, σ², N, and the tower's own size, m, spread as pass-through inputs) whose gradient sums the towers' gradients at run time — gather: one `AddN` on the
-aggregation device whose inputs each tower's tf.gradients call fills in; all-reduce: one
-collective — and returns the gradient of the tower's own (m, spread); a fused layer's normalization
-carries its tower's whole synchronized backward instead and exchanges its (a, b) the same way
-(`summed_gradient`, graphsync/splice.py). The merge itself is never differentiated, so each tower's tf.gradients stays inside its tower plus one exchange per layer:
-one call per tower or one over the summed losses, the ops added per tower do not grow with the
-number of towers. The gradient each tower receives is that of the sum of all towers' losses (as
-after a rewrite of built gradients), so every tower's loss must be differentiated; a gathered sum
-that some tower never joined fails at run time with a message that says so.
+`IdentityN` per tower (μ, σ², N, and the tower's own size, m, spread as pass-through inputs)
+whose gradient sums the towers' gradients at run time — gather: one `AddN` on the aggregation
+device whose inputs each tower's tf.gradients call fills in; all-reduce: one collective — and
+returns the gradient of the tower's own (m, spread). A fused layer's normalization carries its
+tower's whole synchronized backward instead and exchanges its (a, b) the same way
+(`summed_gradient`, graphsync/splice.py). The merge itself is never differentiated, so each
+tower's tf.gradients stays inside its tower plus one exchange per layer: with one call per tower
+or one over the summed losses, the ops added per tower do not grow with the number of towers.
+The gradient each tower receives is that of the sum of all towers' losses (as after a rewrite of
+built gradients), so every tower's loss must be differentiated; a gathered sum that some tower
+never joined fails at run time with a message that says so.
 """
 from __future__ import annotations
 
@@ -278,11 +280,13 @@ def all_reduce(x: tf.Tensor, group_size: int, group_key: int, instance_key: int,
     DeadlineExceeded after `timeout` seconds without all peers (0: waits forever). `ops` (a
     FastOps) shares the key constants across layers."""
     constant = ops.constant if ops is not None else (lambda value, dtype: tf.constant(value, dtype))
-    with x.graph.gradient_override_map({"CollectiveReduceV2": ALLREDUCE_GRADIENT}):
-        return tf.raw_ops.CollectiveReduceV2(
-            input=x, group_size=constant(group_size, tf.int32), group_key=constant(group_key, tf.int32),
-            instance_key=constant(instance_key, tf.int32), ordering_token=[], merge_op="Add", final_op="Id",
-            timeout_seconds=float(timeout), name=name)
+    keys = [constant(value, tf.int32) for value in (group_size, group_key, instance_key)]
+    attrs = {"T": attr_value_pb2.AttrValue(type=x.dtype.as_datatype_enum),
+             "merge_op": attr_value_pb2.AttrValue(s=b"Add"), "final_op": attr_value_pb2.AttrValue(s=b"Id"),
+             "Nordering_token": attr_value_pb2.AttrValue(i=0),
+             "timeout_seconds": attr_value_pb2.AttrValue(f=float(timeout)),
+             "_gradient_op_type": attr_value_pb2.AttrValue(s=ALLREDUCE_GRADIENT.encode())}
+    return create_op(x.graph, "CollectiveReduceV2", [x] + keys, attrs, name or "CollectiveReduceV2").outputs[0]
 
 
 @tf.RegisterGradient(ALLREDUCE_GRADIENT)
@@ -445,7 +449,8 @@ def _unpack_moments(spread):
         count, sums, squares = tf.split(vector, tf.stack([1, channels, channels]), num=3)
         total = ops.reshape(count, [])
         mean = ops.binary("DivNoNan", sums, total)
-        variance = ops.unary("Relu", ops.binary("Sub", ops.binary("DivNoNan", squares, total), ops.unary("Square", mean)))
+        second = ops.binary("DivNoNan", squares, total)
+        variance = ops.unary("Relu", ops.binary("Sub", second, ops.unary("Square", mean)))
         shape = tf.shape(like)
         out = (total,) + tuple(ops.cast(tf.reshape(t, shape), like.dtype) for t in (mean, variance))
         if spread == "bessel":

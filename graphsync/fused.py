@@ -4,7 +4,8 @@ Python op creation costs ~0.3 ms per op, so a rewrite that spelled the arithmeti
 would take longer than building the model. TensorFlow's fused kernels already compute what each
 tower needs, for every layout and dtype the original op accepted:
 
-    local moments     FusedBatchNormV3(x, is_training=True)  → m_t, n_t/(n_t−1)·v_t   (y unused)
+    local moments     FusedBatchNormV3(x, 1, 0, is_training=True) → m̂_t, n_t/(n_t−1)·v_t, and
+                        Σy = Σ(x − m̂_t)/s, the residual that makes the merge exact (float32)
     normalization     FusedBatchNormV3(x, γ, β, μ, σ², is_training=False) = (x − μ)·γ·r + β
     local grad sums   FusedBatchNormGradV3(g, x, γ, μ, σ², is_training=False)
                         → γ·r·g, Σ g·x̂ (b_t), Σ g (a_t)

@@ -317,19 +317,24 @@ def _uneven_fixed(rewrite):
     return graph
 
 
-def _uneven_at_run_time(rewrite):
-    """Per-tower placeholders of unknown batch size: the script decides the sizes when it runs."""
+def _per_tower_placeholders(sizes, rewrite):
+    """Each tower's own placeholders, of the given batch sizes (None: the script decides the sizes
+    when it runs)."""
     graph = tf.Graph()
     with graph.as_default():
         inputs = []
-        for i in range(2):
+        for i, size in enumerate(sizes):
             with tf1.name_scope(f"tower_{i}/"):
-                inputs.append((tf1.placeholder(tf.float32, [None, 6, 6, 3], name="images"),
-                               tf1.placeholder(tf.int32, [None], name="labels")))
+                inputs.append((tf1.placeholder(tf.float32, [size, 6, 6, 3], name="images"),
+                               tf1.placeholder(tf.int32, [size], name="labels")))
         _towers(inputs, reduction=tf1.losses.Reduction.SUM)
         if rewrite:
             graphsync.rewrite_towers(graph)
     return graph
+
+
+def _uneven_at_run_time(rewrite):
+    return _per_tower_placeholders((None, None), rewrite)
 
 
 def test_uneven_fixed_sizes():
@@ -347,17 +352,7 @@ def test_uneven_fixed_sizes_in_per_tower_placeholders():
     """Each tower's own placeholders fix its size (3 and 5), as a saved graph with towers of
     different fixed batch sizes does."""
     def build(rewrite):
-        graph = tf.Graph()
-        with graph.as_default():
-            inputs = []
-            for i, size in enumerate((3, 5)):
-                with tf1.name_scope(f"tower_{i}/"):
-                    inputs.append((tf1.placeholder(tf.float32, [size, 6, 6, 3], name="images"),
-                                   tf1.placeholder(tf.int32, [size], name="labels")))
-            _towers(inputs, reduction=tf1.losses.Reduction.SUM)
-            if rewrite:
-                graphsync.rewrite_towers(graph)
-        return graph
+        return _per_tower_placeholders((3, 5), rewrite)
     rewritten = graphsync.verify(build(rewrite=True))
     assert rewritten.passed and rewritten.per_tower == [3, 5], rewritten.format()
     assert not graphsync.verify(build(rewrite=False)).passed

@@ -1,6 +1,8 @@
 """`rewrite_towers`: load → find towers → match layers → plan → splice → check."""
 from __future__ import annotations
 
+import contextlib
+import gc
 import weakref
 
 import tensorflow as tf
@@ -39,6 +41,11 @@ def rewrite_towers(graph: tf.Graph | None = None, *, towers=None, device: str | 
     if graph.finalized:
         raise GraphsyncError("the graph is finalized (a MonitoredSession or Supervisor froze it): "
                              "call rewrite_towers() before creating the session")
+    with _collector_paused():
+        return _rewrite(graph, towers, device, strategy, group_size, process_group)
+
+
+def _rewrite(graph, towers, device, strategy, group_size, process_group) -> RewriteReport:
     plan = make_plan(graph, towers, device, strategy=strategy, group_size=group_size,
                      process_group=process_group)
     report = RewriteReport([t.label for t in plan.towers], plan.device if strategy == "gather" else "",
@@ -59,6 +66,24 @@ def rewrite_towers(graph: tf.Graph | None = None, *, towers=None, device: str | 
     if report.changed:
         _rewritten_graphs.add(graph)
     return report
+
+
+@contextlib.contextmanager
+def _collector_paused():
+    """Python's cyclic garbage collector paused while the rewrite creates its ops.
+
+    Each op creates a few dozen Python objects, so a rewrite of a few thousand ops triggers
+    hundreds of young-generation collections and several full ones, each of which walks every
+    object the model graph holds (tens of thousands of ops): measured at 0.29 s of a 0.78 s
+    ResNet-50 × 8 rewrite. The rewrite makes no garbage cycles worth collecting midway; the
+    collector resumes (and catches up) when it returns."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def was_rewritten(graph: tf.Graph) -> bool:

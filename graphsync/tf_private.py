@@ -9,6 +9,8 @@ import contextlib
 
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
+from tensorflow.python.client import _pywrap_tf_session as _c_api
+from tensorflow.python.framework import ops as _tf_ops
 
 
 def update_input(op: tf.Operation, index: int, tensor: tf.Tensor) -> None:
@@ -77,9 +79,76 @@ def disarm_unopened_session(session) -> None:
 
 
 def create_op(graph: tf.Graph, op_type: str, inputs: list, attrs: dict, name: str) -> tf.Operation:
-    """Creates an op without the Python argument inference of `tf.raw_ops` (about half the cost of
-    each op a rewrite adds); attrs maps names to AttrValue protos and must be complete."""
-    return graph._create_op_internal(op_type, inputs, name=name, attrs=attrs)  # pylint: disable=protected-access
+    """Creates an op without the Python argument inference of `tf.raw_ops`; attrs maps names to
+    AttrValue protos and must be complete.
+
+    Where nothing but a name scope and plain device strings is in effect (graphsync's own scopes,
+    see pristine_scope) the op goes straight through TensorFlow's C API: Graph.create_op's
+    NodeDef round trip, validation and stack capture are most of the cost of each op a rewrite
+    adds. Any other context (control dependencies, colocation, control flow, device functions,
+    gradient overrides: e.g. gradients built by tf.gradients) takes TensorFlow's own path."""
+    # pylint: disable=protected-access
+    device = _static_device(graph)
+    if device is None or not _plain_context(graph, op_type, inputs):
+        return graph._create_op_internal(op_type, inputs, name=name, attrs=attrs)
+    graph._check_not_finalized()
+    name = graph.unique_name(name)
+    op_def = graph.op_def_for_type(op_type)
+    with graph._mutation_lock():
+        with graph._c_graph.get() as c_graph:
+            description = _c_api.TF_NewOperation(c_graph, op_type, name)
+        if device:
+            _c_api.TF_SetDevice(description, device)
+        for group in _tf_ops._reconstruct_sequence_inputs(op_def, inputs, attrs):
+            if isinstance(group, (list, tuple)):
+                _c_api.TF_AddInputList(description, [t._as_tf_output() for t in group])
+            else:
+                _c_api.TF_AddInput(description, group._as_tf_output())
+        for key, value in attrs.items():
+            _c_api.TF_SetAttrValueProto(description, key, value.SerializeToString())
+        try:
+            c_op = _c_api.TF_FinishOperation(description)
+        except tf.errors.InvalidArgumentError as e:
+            raise ValueError(e.message) from None   # what Graph.create_op raises
+        op = tf.Operation._from_c_op(c_op, graph)
+        op._gradient_function = graph._gradient_function_map.get(op_type)
+        graph._record_op_seen_by_control_dependencies(op)
+    return op
+
+
+def _static_device(graph: tf.Graph) -> str | None:
+    """The device string the graph's device stack gives every new op, or None when a device
+    function (e.g. replica_device_setter) decides per op. Merged as Graph._apply_device_functions
+    does: newest first, down to the innermost `device(None)`."""
+    # pylint: disable=protected-access
+    device = ""
+    for spec in graph._device_function_stack.peek_objs():
+        if spec.is_null_merge:
+            continue
+        if spec.function is None:
+            break
+        if not spec.fast_string_merge:
+            return None
+        device = spec.function.shortcut_string_merge(_Placed(device))
+    return device
+
+
+class _Placed:
+    """What MergeDevice.shortcut_string_merge reads of an op: its device so far."""
+
+    __slots__ = ("device",)
+
+    def __init__(self, device: str):
+        self.device = device
+
+
+def _plain_context(graph: tf.Graph, op_type: str, inputs) -> bool:
+    """Whether nothing that Graph.create_op would add to a new op is in effect."""
+    # pylint: disable=protected-access
+    return not (graph._control_dependencies_for_inputs({t.op for t in inputs}) or len(graph._colocation_stack)
+                or graph._get_control_flow_context() is not None or graph._attr_scope_map
+                or graph._op_to_kernel_label_map or op_type in graph._gradient_override_map
+                or graph._container or graph._default_original_op is not None)
 
 
 def _type(dtype) -> attr_value_pb2.AttrValue:

@@ -67,6 +67,38 @@ def test_create_op_and_fast_ops_match_the_public_ops():
         np.testing.assert_array_equal(g, w)
 
 
+def test_create_op_through_the_c_api_builds_what_graph_create_op_builds():
+    """In graphsync's own scopes create_op skips Graph.create_op; the op must come out the same
+    (name, device, inputs, attrs, list inputs grouped), and anything create_op would add (control
+    dependencies, colocation, device functions) must send it through TensorFlow's own path."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x, axis = tf.constant(np.arange(6, dtype=np.float32).reshape(2, 3)), tf.constant(1)
+        int32 = tf_private.attr_value_pb2.AttrValue(type=tf.int32.as_datatype_enum)
+        attrs = {"T": tf_private.attr_value_pb2.AttrValue(type=tf.float32.as_datatype_enum),
+                 "N": tf_private.attr_value_pb2.AttrValue(i=2), "Tidx": int32}
+        with tf_private.pristine_scope(graph, "/cpu:1", "graphsync/layer"):
+            lean = tf_private.create_op(graph, "ConcatV2", [x, x, axis], attrs, "cat")
+            again = tf_private.create_op(graph, "ConcatV2", [x, x, axis], attrs, "cat")
+        with tf.device("/cpu:1"), tf1.name_scope("reference/"):
+            public = graph._create_op_internal("ConcatV2", [x, x, axis], name="cat", attrs=attrs)
+        guard = tf.no_op(name="guard")
+        with tf_private.pristine_scope(graph, "/cpu:0", "graphsync/other"), tf.control_dependencies([guard]):
+            waits = tf_private.create_op(graph, "Identity", [x], {"T": attrs["T"]}, "waits")
+        with tf_private.pristine_scope(graph, None, "graphsync/other"), tf1.colocate_with(x.op):
+            beside = tf_private.create_op(graph, "Identity", [x], {"T": attrs["T"]}, "beside")
+        with tf_private.pristine_scope(graph, None, "graphsync/other"), graph.device(lambda op: "/cpu:2"):
+            chosen = tf_private.create_op(graph, "Identity", [x], {"T": attrs["T"]}, "chosen")
+    assert (lean.name, again.name, lean.device) == ("graphsync/layer/cat", "graphsync/layer/cat_1", public.device)
+    assert lean.node_def.attr == public.node_def.attr and lean.node_def.input == public.node_def.input
+    assert lean.outputs[0].shape == public.outputs[0].shape == (2, 6) and graph.get_operation_by_name(lean.name) is lean
+    assert [op.name for op in waits.control_inputs] == ["guard"]
+    assert beside.colocation_groups() == [b"loc:@" + x.op.name.encode()] and chosen.device == "/cpu:2"   # the function chose it
+    with tf1.Session(graph=graph, config=tf1.ConfigProto(device_count={"CPU": 3})) as sess:
+        got, want = sess.run([lean.outputs[0], public.outputs[0]])
+    np.testing.assert_array_equal(got, want)
+
+
 def test_every_session_class_derives_from_the_session_base_class():
     base = tf_private.session_base_class()
     assert issubclass(tf1.Session, base) and issubclass(tf1.InteractiveSession, base)

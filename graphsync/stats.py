@@ -67,11 +67,7 @@ def merge_moments(ops, sizes, means, spreads, residuals=None, spread: str = "m2"
     else:
         m2 = ops.binary("MulNoNan", m2, ops.binary("Minimum", n, 1.0))
     if residuals is not None and all(r is not None for r in residuals):
-        biased = ops.binary("DivNoNan", m2, n)
-        shift = ops.binary("DivNoNan", ops.binary("MulNoNan", ops.unary("Sqrt", ops.binary("AddV2", biased, float(epsilon))),
-                                                  ops.cast(ops.stack(residuals), f64)), n)
-        m = ops.binary("AddV2", m, shift)
-        m2 = ops.binary("Sub", m2, ops.binary("MulNoNan", ops.unary("Square", shift), n))
+        m, m2 = refine_moments(ops, n, m, m2, ops.cast(ops.stack(residuals), f64), float(epsilon))
     total = ops.sum(counts, 0, name="count")
     mean = ops.binary("RealDiv", ops.sum(ops.binary("MulNoNan", m, n), 0), total)
     deviation = ops.binary("MulNoNan", ops.binary("SquaredDifference", m, mean), n)
@@ -80,6 +76,17 @@ def merge_moments(ops, sizes, means, spreads, residuals=None, spread: str = "m2"
     return (ops.unstack(counts, len(sizes)), total, ops.cast(mean, dtype, name="mean"),
             ops.cast(ops.binary("RealDiv", spread_sum, total), dtype, name="variance"),
             ops.cast(unbiased, dtype, name="bessel_variance"))
+
+
+def refine_moments(ops, n, m, m2, residual, epsilon):
+    """A fused float32 tower's (m, M2) made exact in float64 from its residual Σy (see
+    merge_moments): with s = √(M2/n + ε) the kernel's scale and d = s·Σy/n, the true mean is
+    m̂ + d and the true M2 is Σ(x − m̂)² − n·d². All float64, broadcasting like n·m."""
+    biased = ops.binary("DivNoNan", m2, n)
+    shift = ops.binary("DivNoNan", ops.binary("MulNoNan", ops.unary("Sqrt", ops.binary("AddV2", biased, epsilon)),
+                                              residual), n)
+    return (ops.binary("AddV2", m, shift),
+            ops.binary("Sub", m2, ops.binary("MulNoNan", ops.unary("Square", shift), n)))
 
 
 def share(total_sum: tf.Tensor, count: tf.Tensor, total: tf.Tensor) -> tf.Tensor:

@@ -17,6 +17,14 @@ on 4 logical CPU devices of one process, for a small ResNet-style and a U-Net-st
                   tf.distribute.MirroredStrategy over the same 4 logical CPUs, tf.function train step
   keras-sync      the peer: the same with BatchNormalization(synchronized=True)
 
+`--inter-op 1` measures the *work* instead: one inter-op thread runs every op of every tower one
+after another, so a step's time is the sum of its ops' compute and nothing the 2 cores could
+overlap or leave idle at a barrier enters the ratio. Each of four real devices would run a quarter
+of that work (plus, on the aggregation device, the small merge), so this ratio is the per-device
+compute a synchronized step adds; the concurrent figure above adds what lockstep costs when four
+towers share two cores. The Keras peer (eager runtime, configured at start-up) is left out there,
+and its peak memory column measures that serialized schedule, not a device (use the concurrent run's).
+
 Models: resnet and segnet (32×32, 8 examples per tower) and unet64, the segmentation-sized model
 (64×64, 32/64/128 channels, 10 batch norms, 2 examples per tower).
 
@@ -307,13 +315,19 @@ def main(argv=None):
                         help="a subset of the variants (default: all)")
     parser.add_argument("--op-types", action="store_true",
                         help="also break the op compute time of unsynced and graphsync steps down by op type")
+    parser.add_argument("--inter-op", type=int, default=INTER_OP,
+                        help=f"inter-op threads of the graph sessions (default {INTER_OP}: towers concurrent; "
+                             "1: every op in turn, the work ratio; leaves out the Keras peer)")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
+    if args.inter_op != INTER_OP:
+        SESSION_CONFIG.inter_op_parallelism_threads = args.inter_op
+        args.variants = [v for v in args.variants if v not in PEER_VARIANTS]
 
     def log(msg):
         print(msg, file=sys.stderr, flush=True)
 
-    print(_common.header("Step overhead, 4 logical CPU devices", argv))
+    print(_common.header("Step overhead, 4 logical CPU devices" + (", one inter-op thread (the work a step adds)" if args.inter_op == 1 else ""), argv))
     results = []
     for arch in args.models:
         res = run_model(arch, args.batch or (2 if arch == "unet64" else 8), args.rounds, args.steps, args.warmup, log, set(args.variants),

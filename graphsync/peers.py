@@ -24,7 +24,7 @@ from graphsync.cluster import ClusterTask, device_of, task_name
 from graphsync.errors import GraphsyncError
 from graphsync.plan import digest
 
-HANDSHAKE_GROUP_KEY = (1 << 30) + 7      # clear of the synchronized layers' keys (exchange.py)
+HANDSHAKE_GROUP_KEY = (1 << 30) + 7      # clear of the synchronized layers' keys (exchange/collectives.py)
 HANDSHAKE_INSTANCE_KEY = (1 << 30) + 100
 MAX_COMPARED_LAYERS = 128                # beyond: compared through the digest of all layers only
 _handshakes = [0]                        # handshakes so far in this process (one key each)
@@ -71,7 +71,6 @@ def compare_layers(task: ClusterTask, target: str, fingerprints: list[str], time
     """Gathers every worker's layer fingerprints (see graphsync.plan.fingerprints) through the
     server at `target`; raises GraphsyncError when a worker's differ from this one's, or when not
     every worker joins within `timeout` seconds (0: wait forever; `said`: the wait to name)."""
-    import numpy as np
     import tensorflow as tf
 
     tf1 = tf.compat.v1
@@ -90,7 +89,7 @@ def compare_layers(task: ClusterTask, target: str, fingerprints: list[str], time
     try:
         with tf1.Session(target, graph=graph, config=config) as sess:
             rows = sess.run(gathered, options=options).reshape(task.tasks, -1)
-    except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError, tf.errors.AbortedError) as exc:
+    except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError, tf.errors.AbortedError):
         others = ", ".join(task_name(*m) for m in task.members if m != (task.job, task.index))
         raise GraphsyncError(
             f"not every worker joined within {said or timeout:g} s ({task.name} is process {task.rank + 1} of "

@@ -1,0 +1,34 @@
+"""How synchronized statistics cross devices: gathered on one device, or all-reduced.
+
+Both strategies offer the same two operations to the splice, per sync group of towers:
+
+    moments(uploads)  every tower's (n, m, spread) → every tower's (N, μ, σ²)   one sync point forward
+    sums(values)      every tower's [a, b, …]  → every tower's [Σa, Σb, …]     one sync point backward
+
+    gather.py       Gather: merged on one chosen device (the default)
+    allreduce.py    AllReduce: one packed collective per layer and direction, no central device
+    views.py        statistics views, whose gradients sum the towers' at run time
+    collectives.py  collective all-reduces, their keys and gradient
+    values.py       Synchronized (what a tower receives) and ProcessGroup
+"""
+from __future__ import annotations
+
+from graphsync.errors import GraphsyncError
+from graphsync.exchange.allreduce import AllReduce
+from graphsync.exchange.collectives import differentiation
+from graphsync.exchange.gather import Gather
+from graphsync.exchange.values import ProcessGroup, Synchronized
+from graphsync.exchange.views import summed_gradient
+
+__all__ = ["AllReduce", "Gather", "ProcessGroup", "Synchronized", "differentiation", "make_exchange",
+           "summed_gradient"]
+
+
+def make_exchange(graph, strategy: str, device: str, groups, process_group=None, fingerprint: int = 0):
+    if strategy == "gather":
+        if process_group is not None:
+            raise GraphsyncError("between-graph replication (process_group=) needs strategy='allreduce'")
+        return Gather(graph, device, groups)
+    if strategy == "allreduce":
+        return AllReduce(graph, groups, process_group, fingerprint)
+    raise GraphsyncError(f"unknown strategy {strategy!r}: use 'gather' or 'allreduce'")

@@ -1,0 +1,180 @@
+"""The strategy with no central device: each tower packs its statistics into one vector and runs
+one `CollectiveReduceV2` per layer and direction. The forward packs float64 [n, n·m, M2 + n·m²]
+(the count travels in the vector; fused float32 towers first make m and M2 exact with their
+residual, as the gathered merge does); in float64 the E[x²]-style cancellation costs
+~1e-16·(μ/σ)² relative, nothing up to |μ|/σ ≈ 1e4. Packing and unpacking
+are two small tf.functions traced once per process and called once per tower (one op each in
+the graph; TensorFlow inlines them before running, so a step runs the same kernels as if they
+were spelled out). The backward stacks the towers' [a, b] and reduces them in their own dtype.
+Collectives span processes too (between-graph replication).
+"""
+from __future__ import annotations
+
+import tensorflow as tf
+
+from graphsync import stats
+from graphsync.exchange.collectives import CollectiveKeys, all_reduce, allreduce_keys, cross_process_group_key
+from graphsync.exchange.values import ProcessGroup, Synchronized
+from graphsync.exchange.views import view
+from graphsync.tf_private import FastOps, pristine_scope
+
+
+class AllReduce:
+    """Statistics summed by one collective per layer and direction on the towers' own devices."""
+
+    name = "allreduce"
+
+    def __init__(self, graph: tf.Graph, groups, process_group: ProcessGroup | None = None, fingerprint: int = 0):
+        self.groups, self.process_group = groups, process_group
+        self.keys = allreduce_keys.setdefault(graph, CollectiveKeys(graph))
+        self.ops = FastOps(graph)
+        self.group_keys = [self.keys.new() for _ in groups]
+        if process_group is not None:   # workers whose layers differ never join the same groups
+            self.group_keys = [cross_process_group_key(fingerprint, g) for g in range(len(groups))]
+        self.scale = process_group.tasks if process_group else 1
+        self.timeout = process_group.timeout if process_group else 0.0
+
+    def _reduce(self, graph, sites, packed, name):
+        """All-reduces each tower's packed vector. Returns, per tower, the reduced vector and what
+        its first reader must wait for: one NoOp (on the group's first device) after every
+        collective of the group, so fetching one tower's result never leaves another tower's
+        collective unrun. A barrier costs 2·(towers − 1) cross-device control edges per layer and
+        direction where every tower waiting on every peer cost towers·(towers − 1) (+8 % step
+        time at 4 towers, measured)."""
+        out = [None] * len(sites)
+        for g, members in enumerate(self.groups):
+            instance = self.keys.new()
+            reduced = {}
+            for i in members:
+                with pristine_scope(graph, sites[i].device, f"{sites[i].op.name}_sync/{name}"):
+                    reduced[i] = all_reduce(packed[i], len(members) * self.scale, self.group_keys[g], instance,
+                                            ops=self.ops, timeout=self.timeout)
+            first = sites[members[0]]
+            with pristine_scope(graph, first.device, f"{first.op.name}_sync/{name}"), \
+                    graph.control_dependencies([reduced[i].op for i in members]):
+                barrier = tf.no_op(name="all_reduced")
+            for i in members:
+                out[i] = (reduced[i], [barrier], g, instance)
+        return out
+
+    def moments(self, graph, layer, sites, uploads, spread="m2") -> list[Synchronized]:
+        """Each tower packs, all-reduces and unpacks through two library functions (one call op
+        each); its statistics always reach it through a view, so gradients built later never
+        enter the calls."""
+        packed, counts = [], []
+        for site, (size, mean, local_spread, *residual) in zip(sites, uploads):
+            with pristine_scope(graph, site.device, site.op.name + "_sync"):
+                inputs = [size, mean, local_spread]
+                if residual and residual[0] is not None:   # a fused float32 tower: exact moments
+                    inputs += [residual[0], self.ops.constant(float(layer.epsilon), tf.float64)]
+                vector, n = self.ops.call(_library(_pack_moments, spread, inputs), inputs, "pack")
+            channels = mean.shape.num_elements()
+            vector.set_shape([1 + 2 * channels] if channels is not None else [None])
+            n.set_shape([])
+            packed.append(vector)
+            counts.append(n)
+        out = []
+        reduced = self._reduce(graph, sites, packed, "forward")
+        for site, upload, (vector, peers, g, instance), n in zip(sites, uploads, reduced, counts):
+            like = upload[1]
+            with pristine_scope(graph, site.device, site.op.name + "_sync"), graph.control_dependencies(peers):
+                total, *moments = self.ops.call(_library(_unpack_moments, spread, [vector, like]), [vector, like],
+                                                "unpack")
+            total.set_shape([])
+            for t in moments[:2]:
+                t.set_shape(like.shape)
+            if spread == "bessel":
+                moments[2].set_shape([])
+            s = Synchronized(n, total, moments[0], moments[1], None)
+            out.append(view(graph, site, s, upload, spread, moments[2] if spread == "bessel" else None,
+                             members=len(self.groups[g]) * self.scale, group_key=self.group_keys[g],
+                             instance_key=instance, timeout_ms=round(self.timeout * 1000)))
+        return out
+
+    def sums(self, graph, layer, sites, values, tag, finish=None) -> list[list]:
+        """Cross-tower sums of each tower's values, passed through `finish(sums, tower index, ops)`
+        on each tower's device when given. Values of one shape and dtype travel stacked."""
+        ops, packed, layouts = self.ops, [], []
+        for site, vals in zip(sites, values):
+            stackable = all(v.dtype == vals[0].dtype and v.shape.is_fully_defined() and v.shape == vals[0].shape
+                            for v in vals)
+            with pristine_scope(graph, site.device, f"{site.op.name}_sync/pack_{tag}"):
+                if stackable:
+                    packed.append(vals[0] if len(vals) == 1 else ops.stack(vals))
+                    layouts.append(None)
+                else:
+                    dtype = vals[0].dtype
+                    packed.append(tf.concat([tf.reshape(tf.cast(v, dtype), [-1]) for v in vals], 0))
+                    layouts.append([(_shape_of(v), tf.size(v), v.dtype) for v in vals])
+        out = []
+        for i, (site, vals, (vector, peers, _, _), layout) in enumerate(zip(sites, values, self._reduce(
+                graph, sites, packed, tag), layouts)):
+            with pristine_scope(graph, site.device, f"{site.op.name}_sync/unpack_{tag}"), \
+                    graph.control_dependencies(peers):
+                if layout is None:
+                    totals = ops.unstack(vector, len(vals)) if len(vals) > 1 else [ops.unary("Identity", vector)]
+                else:
+                    pieces = tf.split(vector, [size for _, size, _ in layout])
+                    totals = [tf.cast(tf.reshape(p, shape), dt) for p, (shape, _, dt) in zip(pieces, layout)]
+            with pristine_scope(graph, site.device, f"{site.op.name}_sync/unpack_{tag}"):
+                out.append(finish(list(totals), i, ops) if finish is not None else list(totals))
+        return out
+
+
+_traced = {}   # (body, spread, input dtypes) → ConcreteFunction, traced once per process
+
+
+def _library(body, spread: str, inputs):
+    """`body(spread)` as a tf.function traced for inputs of any shape with these dtypes, in a graph
+    of its own so that no device or scope of the caller leaks into its definition."""
+    key = (body.__name__, spread, tuple(t.dtype for t in inputs))
+    if key not in _traced:
+        with tf.Graph().as_default():
+            _traced[key] = tf.function(body(spread), input_signature=[tf.TensorSpec(None, t.dtype) for t in inputs],
+                                       autograph=False).get_concrete_function()
+    return _traced[key]
+
+
+def _pack_moments(spread):
+    def pack(size, mean, spread_value, *refinement):
+        """float64 [n, n·m, M2 + n·m²] of one tower (count first) and its n; M2 = v·(n − 1) for a
+        Bessel spread. MulNoNan: an empty tower's NaN statistics weigh nothing. With a fused
+        float32 tower's (residual, ε), m and M2 are first made exact (stats.refine_moments):
+        Σ(M2 + n·m²) − N·μ² then loses ~1e-16·(μ/σ)² relative in float64, nothing at |μ|/σ ≤ 1e4."""
+        ops, f64 = FastOps(tf.compat.v1.get_default_graph()), tf.float64
+        m = ops.cast(ops.reshape(mean, [-1]), f64)
+        v = ops.cast(ops.reshape(spread_value, [-1]), f64)
+        n = ops.binary("RealDiv", ops.cast(size, f64), ops.cast(tf.size(m), f64))
+        weight = ops.unary("Relu", ops.binary("Sub", n, 1.0)) if spread == "bessel" else ops.binary("Minimum", n, 1.0)
+        m2 = ops.binary("MulNoNan", v, weight)
+        if refinement:
+            residual, epsilon = refinement
+            m, m2 = stats.refine_moments(ops, n, m, m2, ops.cast(ops.reshape(residual, [-1]), f64), epsilon)
+        weighted = ops.binary("MulNoNan", m, n)
+        return ops.concat([ops.reshape(n, [1]), weighted, ops.binary("AddV2", m2, ops.binary("MulNoNan", m, weighted))]), n
+    return pack
+
+
+def _unpack_moments(spread):
+    def unpack(vector, like):
+        """(N, μ, σ² and, for a Bessel spread, N/(N−1)) from an all-reduced [N, Σn·m, Σ(M2 + n·m²)],
+        the statistics shaped like `like`, all but N in its dtype."""
+        ops = FastOps(tf.compat.v1.get_default_graph())
+        channels = tf.size(like)
+        count, sums, squares = tf.split(vector, tf.stack([1, channels, channels]), num=3)
+        total = ops.reshape(count, [])
+        mean = ops.binary("DivNoNan", sums, total)
+        second = ops.binary("DivNoNan", squares, total)
+        variance = ops.unary("Relu", ops.binary("Sub", second, ops.unary("Square", mean)))
+        shape = tf.shape(like)
+        out = (total,) + tuple(ops.cast(tf.reshape(t, shape), like.dtype) for t in (mean, variance))
+        if spread == "bessel":
+            out += (ops.cast(ops.binary("RealDiv", total, ops.binary("Maximum", ops.binary("Sub", total, 1.0), 1.0)),
+                             like.dtype),)
+        return out
+    return unpack
+
+
+def _shape_of(t: tf.Tensor):
+    """The static shape when fully known (keeps static shapes downstream), else the dynamic one."""
+    return t.shape.as_list() if t.shape.is_fully_defined() else tf.shape(t)

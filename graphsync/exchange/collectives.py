@@ -1,0 +1,107 @@
+"""Collective all-reduces and their keys: group and instance keys handed out in the same order in
+every process that builds the same graph, and the gradient of an all-reduce (another all-reduce
+whose key every tower's k-th tf.gradients call agrees on).
+"""
+from __future__ import annotations
+
+import collections
+import itertools
+import weakref
+
+import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2
+
+from graphsync.tf_private import create_op
+
+ALLREDUCE_GRADIENT = "GraphsyncAllReduce"
+COLLECTIVE_TYPES = ("CollectiveReduce", "CollectiveReduceV2", "CollectiveGather", "CollectiveGatherV2",
+                    "CollectiveBcastSend", "CollectiveBcastRecv", "CollectiveBcastSendV2",
+                    "CollectiveBcastRecvV2", "CollectiveAllToAllV2", "CollectiveReduceScatterV2")
+
+_times_differentiated = weakref.WeakKeyDictionary()   # graph → Counter(op name → calls so far)
+
+
+def differentiation(op) -> int:
+    """How many earlier tf.gradients calls went through `op`: the k-th call of every tower pairs
+    with the k-th call of the others."""
+    seen = _times_differentiated.setdefault(op.graph, collections.Counter())
+    k = seen[op.name]
+    seen[op.name] += 1
+    return k
+
+
+class CollectiveKeys:
+    """Group and instance keys no collective in the graph uses yet, handed out in a deterministic
+    order, so identical graphs in several processes agree on them."""
+
+    def __init__(self, graph: tf.Graph):
+        used = [0]
+        for op in graph.get_operations():
+            if op.type in COLLECTIVE_TYPES:
+                for name in ("group_key", "instance_key"):
+                    value = _key_of(op, name)
+                    used.append(value if value is not None else 0)
+        self._next = itertools.count(max(max(used) + 1, 1 << 20))
+
+    def new(self) -> int:
+        return next(self._next)
+
+
+def _key_of(op, name):
+    """A collective's group or instance key: an attr (v1 ops) or a constant input (V2 ops)."""
+    if name in op.node_def.attr:
+        return int(op.get_attr(name))
+    inputs = [arg.name for arg in op.op_def.input_arg]
+    value = tf.get_static_value(op.inputs[inputs.index(name)]) if name in inputs else None
+    return int(value) if value is not None else None
+
+
+allreduce_keys = weakref.WeakKeyDictionary()   # graph → CollectiveKeys (for gradients built later)
+_backward_keys = weakref.WeakKeyDictionary()    # graph → {(forward instance key, k): instance key}
+
+
+def backward_key(graph, forward_key: int, k) -> int:
+    """The instance key of the k-th differentiation of a forward collective, the same in every
+    tower (and in every process that builds the same gradients in the same order)."""
+    keys = _backward_keys.setdefault(graph, {})
+    if (forward_key, k) not in keys:
+        allocator = allreduce_keys.get(graph) or allreduce_keys.setdefault(graph, CollectiveKeys(graph))
+        keys[(forward_key, k)] = allocator.new()
+    return keys[(forward_key, k)]
+
+
+def all_reduce(x: tf.Tensor, group_size: int, group_key: int, instance_key: int, name=None, ops=None,
+               timeout: float = 0.0) -> tf.Tensor:
+    """Sum of x over the group, with a gradient that all-reduces the incoming gradient; fails with
+    DeadlineExceeded after `timeout` seconds without all peers (0: waits forever). `ops` (a
+    FastOps) shares the key constants across layers."""
+    constant = ops.constant if ops is not None else (lambda value, dtype: tf.constant(value, dtype))
+    keys = [constant(value, tf.int32) for value in (group_size, group_key, instance_key)]
+    attrs = {"T": attr_value_pb2.AttrValue(type=x.dtype.as_datatype_enum),
+             "merge_op": attr_value_pb2.AttrValue(s=b"Add"), "final_op": attr_value_pb2.AttrValue(s=b"Id"),
+             "Nordering_token": attr_value_pb2.AttrValue(i=0),
+             "timeout_seconds": attr_value_pb2.AttrValue(f=float(timeout)),
+             "_gradient_op_type": attr_value_pb2.AttrValue(s=ALLREDUCE_GRADIENT.encode())}
+    return create_op(x.graph, "CollectiveReduceV2", [x] + keys, attrs, name or "CollectiveReduceV2").outputs[0]
+
+
+@tf.RegisterGradient(ALLREDUCE_GRADIENT)
+def _all_reduce_gradient(op, grad):
+    """The gradient of a sum over towers is the sum of the towers' gradients: another all-reduce.
+
+    Each tower's k-th differentiation of the same collective gets the same new instance key, so
+    the towers' gradient collectives pair up even when each tower calls tf.gradients itself.
+    """
+    forward_key = int(tf.get_static_value(op.inputs[3]))
+    group_size, group_key = (int(tf.get_static_value(t)) for t in op.inputs[1:3])
+    key = backward_key(op.graph, forward_key, differentiation(op))
+    return [all_reduce(grad, group_size, group_key, key, timeout=op.get_attr("timeout_seconds"))] \
+        + [None] * (len(op.inputs) - 1)
+
+
+def cross_process_group_key(fingerprint: int, group: int) -> int:
+    """The group key of sync group `group` between worker processes: derived from the fingerprint
+    of the synchronized layers, so workers that built different layers (different scripts) wait
+    for each other in vain (and time out) instead of averaging unrelated statistics. Keys lie in
+    [2^29, 2^30): clear of CollectiveKeys' counter and of int32 overflow."""
+    return (1 << 29) + (fingerprint + group) % (1 << 28)

@@ -1,0 +1,59 @@
+"""The default strategy: every sync group's statistics sent to one chosen device, merged there
+(Chan et al., float64, graphsync.stats) and sent back. The seed's hand-written layout, minus the
+activations.
+"""
+from __future__ import annotations
+
+import tensorflow as tf
+
+from graphsync import stats
+from graphsync.exchange.values import Synchronized
+from graphsync.exchange.views import view
+from graphsync.tf_private import FastOps, pristine_scope
+
+AGGREGATION_SCOPE = "graphsync"
+
+
+class Gather:
+    """Statistics of each sync group merged on one device."""
+
+    name = "gather"
+
+    def __init__(self, graph: tf.Graph, device: str, groups):
+        self.device, self.groups = device, groups
+        self.ops = FastOps(graph)
+
+    def _scope(self, layer, part, g):
+        suffix = f"_group{g}" if len(self.groups) > 1 else ""
+        return f"{AGGREGATION_SCOPE}/{layer.name}/{part}{suffix}"
+
+    def moments(self, graph, layer, sites, uploads, spread="m2") -> list[Synchronized]:
+        out = [None] * len(sites)
+        for g, members in enumerate(self.groups):
+            with pristine_scope(graph, self.device, self._scope(layer, "forward", g)):
+                counts, total, mean, variance, bessel = stats.merge_moments(
+                    self.ops, *zip(*[uploads[i] for i in members]), spread=spread, epsilon=layer.epsilon)
+                factor = None
+                if spread == "bessel" and not layer.has_gradients:   # each tower's σ²·N/(N−1), see _view
+                    ops = self.ops
+                    factor = ops.cast(ops.binary("RealDiv", total, ops.binary(
+                        "Maximum", ops.binary("Sub", total, 1.0), 1.0)), variance.dtype, name="bessel_factor")
+            for member, (i, count) in enumerate(zip(members, counts)):
+                out[i] = Synchronized(count, total, mean, variance, bessel)
+                if not layer.has_gradients:
+                    out[i] = view(graph, sites[i], out[i], uploads[i], spread, factor,
+                                   members=len(members), member=member)
+        return out
+
+    def sums(self, graph, layer, sites, values, tag, finish=None) -> list[list]:
+        """Cross-tower sums of each tower's values, passed through `finish(sums, tower index, ops)`
+        on the aggregation device (once per group, with its first tower) when given."""
+        out = [None] * len(sites)
+        for g, members in enumerate(self.groups):
+            with pristine_scope(graph, self.device, self._scope(layer, tag, g)):
+                totals = [self.ops.add_n([values[i][j] for i in members]) for j in range(len(values[members[0]]))]
+                if finish is not None:
+                    totals = finish(totals, members[0], self.ops)
+            for i in members:
+                out[i] = totals
+        return out

@@ -1,0 +1,37 @@
+"""What the splice and the exchange strategies hand each other: a tower's view of the global
+statistics, and the process group of between-graph replication.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import tensorflow as tf
+
+from graphsync.errors import GraphsyncError
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessGroup:
+    """Between-graph replication: this graph is task `index` of `tasks` identical worker graphs,
+    whose towers synchronize through cross-process collectives (needs strategy="allreduce")."""
+
+    tasks: int
+    index: int
+    timeout: float = 0.0   # seconds each cross-process collective waits for its peers; 0: forever
+
+    def __post_init__(self):
+        if not 0 <= self.index < self.tasks:
+            raise GraphsyncError(f"process group index {self.index} is outside 0..{self.tasks - 1}")
+        if self.timeout < 0:
+            raise GraphsyncError(f"process group timeout {self.timeout} is negative (0 waits forever)")
+
+
+@dataclasses.dataclass
+class Synchronized:
+    """One tower's view of the global statistics of its sync group, shaped like its uploads."""
+
+    count: tf.Tensor      # n_t, float64
+    total: tf.Tensor      # N, float64
+    mean: tf.Tensor       # μ
+    variance: tf.Tensor   # σ² (biased)
+    bessel: tf.Tensor     # σ²·N/(N−1), what a fused op reports as its batch variance

@@ -1,0 +1,122 @@
+"""Statistics views: how a layer rewritten before its gradients gets exact, linear gradients.
+
+Rewritten before its gradients, a layer hands each tower its statistics through a *view*: one
+`IdentityN` per tower (μ, σ², N, and the tower's own size, m, spread as pass-through inputs)
+whose gradient sums the towers' gradients at run time — gather: one `AddN` on the aggregation
+device whose inputs each tower's tf.gradients call fills in; all-reduce: one collective — and
+returns the gradient of the tower's own (m, spread). A fused layer's normalization carries its
+tower's whole synchronized backward instead and exchanges its (a, b) the same way
+(`summed_gradient`, graphsync/splice.py). The merge itself is never differentiated, so each
+tower's tf.gradients stays inside its tower plus one exchange per layer: with one call per tower
+or one over the summed losses, the ops added per tower do not grow with the number of towers.
+The gradient each tower receives is that of the sum of all towers' losses (as after a rewrite of
+built gradients), so every tower's loss must be differentiated; a gathered sum that some tower
+never joined fails at run time with a message that says so.
+"""
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2
+
+from graphsync.exchange.collectives import all_reduce, backward_key, differentiation
+from graphsync.exchange.values import Synchronized
+from graphsync.tf_private import create_op, pristine_scope, update_input
+
+UPLOAD_GRADIENT = "GraphsyncStatisticsUpload"
+VIEW_GRADIENT = "GraphsyncStatisticsView"
+MISSING_TOWER = ("graphsync: a synchronized layer's gradient was built for only some towers of its sync "
+                 "group; differentiate every tower's loss (one tf.gradients per tower, or one over their sum)")
+
+_gathered_gradients = weakref.WeakKeyDictionary()     # graph → {(merged μ, k): AddN being filled}
+
+
+def view(graph, site, s: Synchronized, upload, spread: str, factor=None, **keys) -> Synchronized:
+    """Tower `site`'s statistics through an IdentityN whose gradient is `_view_gradient`; `keys`
+    (ints) say how its gradient finds the other towers: members and member (gather), or members,
+    group_key, instance_key and timeout_ms (all-reduce). With `factor` (N/(N−1), a scalar) the tower's
+    Bessel-corrected variance is σ²·factor, computed on the tower only when something reads it,
+    its gradient reaching σ² through the Mul."""
+    size, local_mean, local_spread, *_ = upload   # fused uploads may carry more (stats.merge_moments)
+    inputs = [s.mean, s.variance, s.total, size, local_mean, local_spread]   # only μ, σ², N cross devices
+    attrs = {"T": attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(
+                 type=[t.dtype.as_datatype_enum for t in inputs])),
+             "_gradient_op_type": attr_value_pb2.AttrValue(s=VIEW_GRADIENT.encode()),
+             "_graphsync_spread": attr_value_pb2.AttrValue(s=spread.encode())}
+    attrs.update({f"_graphsync_{name}": attr_value_pb2.AttrValue(i=int(value)) for name, value in keys.items()})
+    with pristine_scope(graph, site.device, site.op.name + "_sync"):
+        view = create_op(graph, "IdentityN", inputs, attrs, "statistics")
+        bessel = None if factor is None else create_op(
+            graph, "Mul", [view.outputs[1], factor], {"T": attr_value_pb2.AttrValue(
+                type=factor.dtype.as_datatype_enum)}, "bessel_variance").outputs[0]
+    return Synchronized(s.count, s.total, view.outputs[0], view.outputs[1], bessel)
+
+
+
+
+@tf.RegisterGradient(VIEW_GRADIENT)
+def _view_gradient(op, d_mean, d_variance, *_unused):
+    """With D_μ, D_σ² the towers' summed gradients at μ and σ²:
+    ∂/∂m_t = n_t/N·(D_μ + 2·(m_t − μ)·D_σ²),  ∂/∂M2_t = D_σ²/N  (Chan's merge differentiated;
+    Σ n_s·(m_s − μ) = 0 drops the path through μ), M2_t = v_t·(n_t − 1) for a Bessel spread."""
+    graph = op.graph
+    mean, _, total, size, local_mean, _ = op.inputs
+    k = differentiation(op)
+    with pristine_scope(graph, op.device, graph.get_name_scope()):
+        dtype = mean.dtype
+        count = tf.cast(size, tf.float64) / tf.cast(tf.size(local_mean), tf.float64)
+        d_mean = tf.zeros_like(mean) if d_mean is None else d_mean
+        d_variance = tf.zeros_like(mean) if d_variance is None else d_variance
+        summed = summed_gradient(op, tf.stack([d_mean, d_variance]), k)
+        sum_mean, sum_variance = tf.unstack(summed)
+        share = tf.cast(tf.math.divide_no_nan(count, total), dtype)
+        d_local_mean = tf.math.multiply_no_nan(sum_mean + 2.0 * (local_mean - mean) * sum_variance, share)
+        bessel = op.get_attr("_graphsync_spread") == b"bessel"
+        weight = tf.nn.relu(count - 1.0) if bessel else tf.minimum(count, 1.0)
+        d_local_spread = sum_variance * tf.cast(tf.math.divide_no_nan(weight, total), dtype)
+    return [None] * 4 + [d_local_mean, d_local_spread]
+
+
+def summed_gradient(op, contribution, k):
+    """Σ over the towers of the sync group of view `op` of their `contribution` to the gradient
+    call `k` (the k-th differentiation, or any key that pairs the towers' calls), at run time."""
+    graph = op.graph
+    if "_graphsync_group_key" in op.node_def.attr:
+        members, group_key, forward_key, timeout_ms = (op.get_attr(f"_graphsync_{name}")
+                                                       for name in ("members", "group_key", "instance_key", "timeout_ms"))
+        site = op.name.rsplit("_sync/", 1)[0]
+        with pristine_scope(graph, op.device, f"{site}_sync/backward_statistics"):
+            return all_reduce(contribution, members, group_key, backward_key(graph, forward_key, k),
+                              timeout=timeout_ms / 1000)
+    merged = op.inputs[0]
+    table = _gathered_gradients.setdefault(graph, {})
+    if (merged.name, k) not in table:
+        scope, _, phase = merged.op.name.rpartition("/")[0].rpartition("/")
+        members = op.get_attr("_graphsync_members")
+        with pristine_scope(graph, merged.device, f"{scope}/{phase.replace('forward', 'backward_statistics', 1)}"):
+            missing = _missing_tower(contribution)
+            table[(merged.name, k)] = create_op(
+                graph, "AddN", [missing] * members,
+                {"T": attr_value_pb2.AttrValue(type=contribution.dtype.as_datatype_enum),
+                 "N": attr_value_pb2.AttrValue(i=members)}, "sum")
+    total = table[(merged.name, k)]
+    update_input(total, op.get_attr("_graphsync_member"), contribution)
+    return total.outputs[0]
+
+
+def _missing_tower(like: tf.Tensor) -> tf.Tensor:
+    """What a tower that never built this gradient contributes: an error at run time."""
+    if like.shape.is_fully_defined():
+        nan = tf.constant(np.full(like.shape.as_list(), np.nan), like.dtype)
+    else:
+        nan = tf.fill(tf.shape(like), tf.constant(np.nan, like.dtype))
+    return tf.debugging.check_numerics(nan, MISSING_TOWER, name="missing_tower")
+
+
+@tf.RegisterGradient(UPLOAD_GRADIENT)
+def _upload_gradient(op, grad):
+    """Identity's gradient: graphs rewritten before their gradients by earlier graphsync versions
+    marked each tower's upload with it."""
+    return grad

@@ -86,7 +86,8 @@ def create_op(graph: tf.Graph, op_type: str, inputs: list, attrs: dict, name: st
     see pristine_scope) the op goes straight through TensorFlow's C API: Graph.create_op's
     NodeDef round trip, validation and stack capture are most of the cost of each op a rewrite
     adds. Any other context (control dependencies, colocation, control flow, device functions,
-    gradient overrides: e.g. gradients built by tf.gradients) takes TensorFlow's own path."""
+    gradient overrides: e.g. gradients built by tf.gradients; a function being traced) takes
+    TensorFlow's own path."""
     # pylint: disable=protected-access
     device = _static_device(graph)
     if device is None or not _plain_context(graph, op_type, inputs):
@@ -145,7 +146,8 @@ class _Placed:
 def _plain_context(graph: tf.Graph, op_type: str, inputs) -> bool:
     """Whether nothing that Graph.create_op would add to a new op is in effect."""
     # pylint: disable=protected-access
-    return not (graph._control_dependencies_for_inputs({t.op for t in inputs}) or len(graph._colocation_stack)
+    return not (graph._building_function   # a FuncGraph captures outer tensors in create_op
+                or graph._control_dependencies_for_inputs({t.op for t in inputs}) or len(graph._colocation_stack)
                 or graph._get_control_flow_context() is not None or graph._attr_scope_map
                 or graph._op_to_kernel_label_map or op_type in graph._gradient_override_map
                 or graph._container or graph._default_original_op is not None)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from graphsync import stats
 from graphsync.exchange.collectives import CollectiveKeys, all_reduce, allreduce_keys, cross_process_group_key
 from graphsync.exchange.values import ProcessGroup, Synchronized
 from graphsync.exchange.views import view
@@ -121,37 +120,51 @@ class AllReduce:
         return out
 
 
-_traced = {}   # (body, spread, input dtypes) → ConcreteFunction, traced once per process
+_traced = {}   # (body, spread, input dtypes and shapes) → ConcreteFunction, traced once per process
 
 
 def _library(body, spread: str, inputs):
-    """`body(spread)` as a tf.function traced for inputs of any shape with these dtypes, in a graph
-    of its own so that no device or scope of the caller leaks into its definition."""
-    key = (body.__name__, spread, tuple(t.dtype for t in inputs))
+    """`body(spread)` as a tf.function traced for inputs of these dtypes and static shapes (any
+    shape where unknown), in a graph of its own so that no device or scope of the caller leaks into
+    its definition. Static shapes let the body's sizes be constants: fewer ops run every step."""
+    specs = [tf.TensorSpec(t.shape if t.shape.is_fully_defined() else None, t.dtype) for t in inputs]
+    key = (body.__name__, spread, tuple((s.dtype, None if s.shape.rank is None else tuple(s.shape)) for s in specs))
     if key not in _traced:
         with tf.Graph().as_default():
-            _traced[key] = tf.function(body(spread), input_signature=[tf.TensorSpec(None, t.dtype) for t in inputs],
-                                       autograph=False).get_concrete_function()
+            _traced[key] = tf.function(body(spread), input_signature=specs, autograph=False).get_concrete_function()
     return _traced[key]
+
+
+def _flat(ops, t, dtype):
+    """t as a float vector: one Cast, plus a Reshape unless t already is a vector."""
+    return ops.cast(t if t.shape.rank == 1 else ops.reshape(t, [-1]), dtype)
 
 
 def _pack_moments(spread):
     def pack(size, mean, spread_value, *refinement):
         """float64 [n, n·m, M2 + n·m²] of one tower (count first) and its n; M2 = v·(n − 1) for a
-        Bessel spread. MulNoNan: an empty tower's NaN statistics weigh nothing. With a fused
-        float32 tower's (residual, ε), m and M2 are first made exact (stats.refine_moments):
-        Σ(M2 + n·m²) − N·μ² then loses ~1e-16·(μ/σ)² relative in float64, nothing at |μ|/σ ≤ 1e4."""
+        Bessel spread. MulNoNan: an empty tower's NaN statistics weigh nothing.
+
+        A fused float32 tower also passes (residual Σy, ε) and its m̂, M̂2 are made exact as in
+        stats.refine_moments, expanded into the packed sums to spare ops on every tower: with
+        s·Σy = n·d, n·m = n·m̂ + s·Σy and M2 + n·m² = M̂2 + m̂·(n·m̂ + 2·s·Σy). Σ(M2 + n·m²) − N·μ²
+        then loses ~1e-16·(μ/σ)² relative in float64, nothing at |μ|/σ ≤ 1e4."""
         ops, f64 = FastOps(tf.compat.v1.get_default_graph()), tf.float64
-        m = ops.cast(ops.reshape(mean, [-1]), f64)
-        v = ops.cast(ops.reshape(spread_value, [-1]), f64)
-        n = ops.binary("RealDiv", ops.cast(size, f64), ops.cast(tf.size(m), f64))
+        m, v = _flat(ops, mean, f64), _flat(ops, spread_value, f64)
+        channels = m.shape.num_elements() or ops.cast(tf.size(m), f64)
+        n = ops.binary("RealDiv", ops.cast(size, f64), float(channels) if isinstance(channels, int) else channels)
         weight = ops.unary("Relu", ops.binary("Sub", n, 1.0)) if spread == "bessel" else ops.binary("Minimum", n, 1.0)
         m2 = ops.binary("MulNoNan", v, weight)
+        weighted = ops.binary("MulNoNan", m, n)
+        cross = weighted
         if refinement:
             residual, epsilon = refinement
-            m, m2 = stats.refine_moments(ops, n, m, m2, ops.cast(ops.reshape(residual, [-1]), f64), epsilon)
-        weighted = ops.binary("MulNoNan", m, n)
-        return ops.concat([ops.reshape(n, [1]), weighted, ops.binary("AddV2", m2, ops.binary("MulNoNan", m, weighted))]), n
+            scale = ops.unary("Sqrt", ops.binary("AddV2", ops.binary("DivNoNan", m2, n), epsilon))
+            shift = ops.binary("MulNoNan", scale, _flat(ops, residual, f64))   # s·Σy = n·d
+            weighted = ops.binary("AddV2", weighted, shift)
+            cross = ops.binary("AddV2", weighted, shift)
+        second = ops.binary("AddV2", m2, ops.binary("MulNoNan", m, cross))
+        return ops.concat([ops.reshape(n, [1]), weighted, second]), n
     return pack
 
 
@@ -160,14 +173,22 @@ def _unpack_moments(spread):
         """(N, μ, σ² and, for a Bessel spread, N/(N−1)) from an all-reduced [N, Σn·m, Σ(M2 + n·m²)],
         the statistics shaped like `like`, all but N in its dtype."""
         ops = FastOps(tf.compat.v1.get_default_graph())
-        channels = tf.size(like)
-        count, sums, squares = tf.split(vector, tf.stack([1, channels, channels]), num=3)
+        channels = like.shape.num_elements()
+        if channels is not None:
+            count, sums, squares = ops.split(vector, [1, channels, channels])
+        else:
+            size = tf.size(like)
+            count, sums, squares = tf.split(vector, tf.stack([1, size, size]), num=3)
         total = ops.reshape(count, [])
         mean = ops.binary("DivNoNan", sums, total)
         second = ops.binary("DivNoNan", squares, total)
         variance = ops.unary("Relu", ops.binary("Sub", second, ops.unary("Square", mean)))
-        shape = tf.shape(like)
-        out = (total,) + tuple(ops.cast(tf.reshape(t, shape), like.dtype) for t in (mean, variance))
+        if like.shape.rank == 1:
+            shaped = (mean, variance)
+        else:
+            shape = like.shape.as_list() if like.shape.is_fully_defined() else tf.shape(like)
+            shaped = tuple(tf.reshape(t, shape) for t in (mean, variance))
+        out = (total,) + tuple(ops.cast(t, like.dtype) for t in shaped)
         if spread == "bessel":
             out += (ops.cast(ops.binary("RealDiv", total, ops.binary("Maximum", ops.binary("Sub", total, 1.0), 1.0)),
                              like.dtype),)

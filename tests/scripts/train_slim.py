@@ -79,8 +79,10 @@ def main():
     parser.add_argument("--clones", type=int, default=2)
     args = parser.parse_args()
     train_tensor = build(args.clones)
+    # save_interval_secs=0: the Supervisor's timer checkpoint would otherwise save "now", while the
+    # one step runs, and on a loaded machine finish after the final save and become the latest
     loss = slim.learning.train(train_tensor, args.logdir, number_of_steps=1, session_config=CONFIG,
-                               save_summaries_secs=3600, save_interval_secs=3600, log_every_n_steps=1000)
+                               save_summaries_secs=3600, save_interval_secs=0, log_every_n_steps=1000)
     print(f"slim trained {args.clones} clone(s): loss {loss:.4f}")
 
 

@@ -9,6 +9,8 @@ Methods, all over the same 4 towers' activations on 4 logical CPU devices:
   allreduce        [n, n·m, M2 + n·m²]), when the graphsync under test has that option
   graphsync,       4 towers of tf.nn.moments + tf.nn.batch_normalization, rewritten (biased variance)
   moments model
+  graphsync allr., the same with strategy="allreduce"
+  moments model
   E[x²]−E[x]²      per-device float32 sums of x and x² and counts, summed across devices, then
                    Q/N − (S/N)² clamped at 0: the combination of Keras synchronized=True, Horovod, tensorpack
   Keras peer       tf_keras BatchNormalization(synchronized=True, momentum=0) under MirroredStrategy on the
@@ -17,9 +19,9 @@ Methods, all over the same 4 towers' activations on 4 logical CPU devices:
   moments, 1 dev.  tf.nn.moments on the concatenated batch on one device
   shifted sums     per-device sums of (x − s) and (x − s)², s = tower 0's first example, per channel
                    (a reference for what a shared shift achieves; not a peer)
-  Chan, refined    graphsync's combination with each tower's float32 mean m̂ corrected by its residual
+  Chan, refined    Chan's combination with each tower's float32 mean m̂ corrected by its residual
   tower means      r = Σ(x − m̂) in float64 (m = m̂ + r/n, M2 = Σ(x − m̂)² − r²/n, the corrected two-pass
-                   algorithm): a candidate fix, not what graphsync does
+                   algorithm), spelled out in plain ops: what graphsync's rewrite does on both paths
 
 Errors: variance |v̂ − v| / v and mean |μ̂ − μ| / σ, maximum over channels, median over seeds
 (v Bessel-corrected for the methods that report it so, biased otherwise).
@@ -48,7 +50,8 @@ import graphsync  # noqa: E402
 with _common.quiet_stderr():
     import tf_keras  # noqa: E402
 
-METHODS = ["graphsync", "graphsync allreduce", "graphsync, moments model", "E[x²]−E[x]²", "Keras peer", "fused, 1 device", "moments, 1 device", "shifted sums",
+METHODS = ["graphsync", "graphsync allreduce", "graphsync, moments model", "graphsync allreduce, moments model",
+           "E[x²]−E[x]²", "Keras peer", "fused, 1 device", "moments, 1 device", "shifted sums",
            "Chan, refined tower means"]
 BESSEL = {"graphsync": True, "graphsync allreduce": True, "fused, 1 device": True}
 
@@ -171,8 +174,11 @@ def main(argv=None):
     if "strategy" in inspect.signature(graphsync.rewrite_towers).parameters:
         a_graph, a_xs, a_mean, a_var = graphsync_graph((None,) + shape[1:], strategy="allreduce")
         a_sess = tf1.Session(graph=a_graph, config=CONFIG)
+        am_graph, am_xs, am_mean, am_var = graphsync_graph((None,) + shape[1:], kind="moments", strategy="allreduce")
+        am_sess = tf1.Session(graph=am_graph, config=CONFIG)
     else:
         methods.remove("graphsync allreduce")
+        methods.remove("graphsync allreduce, moments model")
         a_sess = None
     p_graph, p_xs, p_out = plain_graph((None,) + shape[1:])
     peer = keras_peer(shape)
@@ -190,6 +196,7 @@ def main(argv=None):
             got["Keras peer"] = peer(parts)
             if a_sess is not None:
                 got["graphsync allreduce"] = a_sess.run([a_mean, a_var], dict(zip(a_xs, parts)))
+                got["graphsync allreduce, moments model"] = am_sess.run([am_mean, am_var], dict(zip(am_xs, parts)))
             for method in methods:
                 mean, var = got[method]
                 results.setdefault((method, offset), []).append(
@@ -206,20 +213,15 @@ def main(argv=None):
         print(_common.table(rows, [("method", "method \\ |mean|/std")] +
                             [(f"o{o:g}", f"{o:g}") for o in args.offsets]))
 
-    print("\n**Targets** (variance error): graphsync ≥ 10× smaller than E[x²]−E[x]² on offset data, and within "
-          "2× of the single-device fused kernel\n")
+    print("\n**Target of issue 11**: variance error ≤ 3e-6 at every |mean|/std ≤ 1e4 (the single-device "
+          "fused kernel's own error for comparison)\n")
     rows = []
-    for o in args.offsets:
-        g = med("graphsync", o, 0)
-        naive = med("E[x²]−E[x]²", o, 0)
-        fused = med("fused, 1 device", o, 0)
-        rows.append(dict(offset=f"{o:g}", naive_ratio=naive / g if g else float("inf"),
-                         fused_ratio=g / fused if fused else float("inf"),
-                         ten=("met" if naive >= 10 * g else "MISSED") if o >= 1e3 else "(n/a)",
-                         two=("met" if g <= 2 * fused else "MISSED")))
-    print(_common.table(rows, [("offset", "|mean|/std"), ("naive_ratio", "E[x²]−E[x]² error ÷ graphsync error"),
-                               ("ten", "≥ 10×"), ("fused_ratio", "graphsync error ÷ 1-device fused error"),
-                               ("two", "≤ 2×")]))
+    for m in [m for m in methods if m.startswith("graphsync")]:
+        worst = max(med(m, o, 0) for o in args.offsets if o <= 1e4)
+        rows.append(dict(method=m, worst=worst, fused=max(med("fused, 1 device", o, 0) for o in args.offsets
+                                                          if o <= 1e4), met="met" if worst <= 3e-6 else "MISSED"))
+    print(_common.table(rows, [("method", "method"), ("worst", "largest variance error"),
+                               ("fused", "fused, 1 device"), ("met", "≤ 3e-6")]))
     _common.write_json(args.json, {f"{m}|{o:g}": v for (m, o), v in results.items()})
 
 

@@ -5,7 +5,7 @@ on 4 logical CPU devices of one process, for a small ResNet-style and a U-Net-st
   unsynced        the multi-tower graph with fused batch norm (CIFAR10 pattern, per-tower gradients)
   graphsync       the same graph after graphsync.rewrite_towers()  (statistics gathered on /cpu:0)
   graphsync-unrefined  the same without the mean residual that makes the statistics accurate
-                  (graphsync.fused.REFINE_LOCAL_MOMENTS = False while building): what accuracy costs
+                  (graphsync.stats.REFINE_LOCAL_MOMENTS = False while building): what accuracy costs
   graphsync-allreduce  … rewrite_towers(strategy="allreduce")  (CollectiveReduceV2, no central device;
                   left out when the graphsync under test has no such option)
   moments         unsynchronized, tf.nn.moments + tf.nn.batch_normalization per tower (unfused)
@@ -71,15 +71,17 @@ with _common.quiet_stderr():
     import tf_keras  # noqa: E402
 import graphsync  # noqa: E402
 import graphsync.fused  # noqa: E402  (REFINE_LOCAL_MOMENTS, when the graphsync under test has it)
+import graphsync.stats  # noqa: E402
 import models  # noqa: E402
 
 GRAPH_VARIANTS = {  # name: (batch norm, gradients, rewrite)
     "unsynced": ("fused", "per-tower", False),
     "graphsync": ("fused", "per-tower", True),
-    "graphsync-unrefined": ("fused", "per-tower", True),   # without the mean residual (fused.REFINE_LOCAL_MOMENTS)
+    "graphsync-unrefined": ("fused", "per-tower", True),   # without the mean residual (REFINE_LOCAL_MOMENTS)
     "graphsync-allreduce": ("fused", "per-tower", {"strategy": "allreduce"}),
     "moments": ("moments", "per-tower", False),
     "graphsync-moments": ("moments", "per-tower", True),
+    "graphsync-moments-unrefined": ("moments", "per-tower", True),
     "byhand": ("byhand", "per-tower", False),
     "byhand-summed": ("byhand", "summed", False),
 }
@@ -89,6 +91,7 @@ RATIOS = [  # (numerator, denominator, what it says)
     ("graphsync", "graphsync-unrefined", "graphsync ÷ graphsync without the mean residual (the accuracy's cost)"),
     ("graphsync-allreduce", "unsynced", "graphsync, strategy='allreduce' ÷ unsynced"),
     ("graphsync-moments", "moments", "graphsync on the tf.nn.moments model ÷ its unsynced"),
+    ("graphsync-moments", "graphsync-moments-unrefined", "the same ÷ without the mean residual (its accuracy's cost)"),
     ("byhand", "unsynced", "by-hand ÷ unsynced (fused)"),
     ("byhand", "moments", "by-hand ÷ unsynced moments (same unfused ops)"),
     ("byhand-summed", "unsynced", "by-hand, summed-loss gradients ÷ unsynced (fused)"),
@@ -102,15 +105,17 @@ class GraphVariant:
     def __init__(self, arch, name, batches):
         bn, gradients, rewrite = GRAPH_VARIANTS[name]
         unrefined = name.endswith("-unrefined")
-        if unrefined and not hasattr(graphsync.fused, "REFINE_LOCAL_MOMENTS"):
+        # where the graphsync under test keeps the switch (older ones: fused only; none: KeyError)
+        switch = next((m for m in (graphsync.stats, graphsync.fused) if hasattr(m, "REFINE_LOCAL_MOMENTS")), None)
+        if unrefined and (switch is None or (bn == "moments" and switch is not graphsync.stats)):
             raise KeyError(name)
         if unrefined:
-            graphsync.fused.REFINE_LOCAL_MOMENTS = False
+            switch.REFINE_LOCAL_MOMENTS = False
         try:
             built = models.build_towers(arch, TOWERS, bn, batches, gradients=gradients, rewrite=rewrite)
         finally:
             if unrefined:
-                graphsync.fused.REFINE_LOCAL_MOMENTS = True
+                switch.REFINE_LOCAL_MOMENTS = True
         self.name, self.built = name, built
         self.session = tf1.Session(graph=built["graph"], config=SESSION_CONFIG)
         self.session.run(built["init"])

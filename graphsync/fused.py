@@ -22,11 +22,9 @@ from __future__ import annotations
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
+from graphsync import stats
 from graphsync.tf_private import create_op
 
-# False: upload the kernel's float32 statistics as they are (benchmarks/step_overhead.py measures
-# what the residual costs by building one variant so; see local_moments).
-REFINE_LOCAL_MOMENTS = True
 LOCAL_MOMENTS_GRADIENT = "GraphsyncFusedLocalMoments"   # also how match.py recognizes graphsync's ops
 NORMALIZE_GRADIENT = "GraphsyncFusedNormalize"
 
@@ -58,11 +56,11 @@ def local_moments(graph, op: tf.Operation, ops):
     """
     x = op.inputs[0]
     channels = op.inputs[1].shape.num_elements()
-    refine = REFINE_LOCAL_MOMENTS and x.dtype == tf.float32 and channels is not None
+    refine = stats.REFINE_LOCAL_MOMENTS and x.dtype == tf.float32 and channels is not None
     scale, offset = (ops.constant(1.0, tf.float32, [channels]), ops.constant(0.0, tf.float32, [channels])) \
         if refine else (op.inputs[1], op.inputs[2])
     data_format = op.get_attr("data_format").decode()
-    stats = create_op(graph, "FusedBatchNormV3", [x, scale, offset, op.inputs[3], op.inputs[4]],
+    kernel = create_op(graph, "FusedBatchNormV3", [x, scale, offset, op.inputs[3], op.inputs[4]],
                       _attrs(x, op.get_attr("epsilon"), data_format, True, LOCAL_MOMENTS_GRADIENT),
                       "local_moments")
     size = create_op(graph, "Size", [x], {"T": attr_value_pb2.AttrValue(type=x.dtype.as_datatype_enum),
@@ -72,8 +70,8 @@ def local_moments(graph, op: tf.Operation, ops):
     if refine:
         rank = x.shape.rank
         channel_axis = 1 if data_format.startswith("NC") else rank - 1
-        residual = ops.sum(stats.outputs[0], [a for a in range(rank) if a != channel_axis], name="residual")
-    return size.outputs[0], stats.outputs[1], stats.outputs[2], residual
+        residual = ops.sum(kernel.outputs[0], [a for a in range(rank) if a != channel_axis], name="residual")
+    return size.outputs[0], kernel.outputs[1], kernel.outputs[2], residual
 
 
 def normalize(graph, x, scale, offset, mean, variance, epsilon, data_format, gradient=NORMALIZE_GRADIENT):

@@ -2,8 +2,8 @@
 
 Per layer and tower, new ops sit in the tower's scope on the tower's device (`<op>_sync/…`); the
 aggregation sits in `graphsync/<layer>/` on the plan's device, one box per layer in TensorBoard.
-Only the sufficient statistics cross devices: forward up n, m, M2 (2C+1 numbers) and down N, μ, σ²
-(2C+1); backward 2C each way.
+Only the sufficient statistics cross devices: forward up n, m, M2 (2C+1 numbers; float32 towers add
+C residuals, see graphsync/stats.py) and down N, μ, σ² (2C+1); backward 2C each way.
 """
 from __future__ import annotations
 

@@ -7,7 +7,8 @@ On the aggregation device (float64): N = Σ n_t
 
 Fused layers get (m_t, n_t/(n_t−1)·v_t) from TensorFlow's kernel (graphsync/fused.py); moments
 subgraphs get them from `local_moments`, whose statistics keep the reduced axes, so any
-`tf.nn.moments` axes work. Counts come from run-time shapes: towers may hold different batch
+`tf.nn.moments` axes work. Float32 towers of either kind also upload a residual that makes their
+float32 mean exact enough for the merge (`refine_moments`). Counts come from run-time shapes: towers may hold different batch
 sizes, even none. Each function only creates ops; the caller picks device and scope.
 """
 from __future__ import annotations
@@ -16,6 +17,9 @@ import dataclasses
 
 import tensorflow as tf
 
+# False: upload float32 statistics without their residual (benchmarks/step_overhead.py prices the
+# residual by building one variant so; both graphsync/fused.py and local_moments below read it).
+REFINE_LOCAL_MOMENTS = True
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
@@ -31,29 +35,40 @@ class Layout:
 
 
 def local_moments(x: tf.Tensor, layout: Layout):
-    """(size of x, m, M2) of one tower: mean and centred sum of squares per statistic. Empty
-    batches give zeros, not NaN."""
+    """(size of x, m, M2, residual) of one tower: mean and centred sum of squares per statistic.
+    Empty batches give zeros, not NaN.
+
+    The float32 mean m̂ is off by ~1e-7·|μ| (its sum rounds at the scale of n·|μ|), and Chan's merge
+    takes Σ(x − m̂) as 0, so that error entered the merged variance linearly (7.4e-5 at |μ|/σ = 1e4).
+    Float32 towers therefore also return residual = Σ(x − m̂), the deviations' own sum, which is
+    accurate: the merge corrects m and M2 with it in float64 (`refine_moments`). Other dtypes return
+    None. The residual is identically 0 as a function of x, so nothing differentiates it."""
     axes = list(layout.axes)
     size = tf.size(x, out_type=tf.int64)
     sum_x = tf.reduce_sum(x, axes, keepdims=True)
     count = tf.cast(size, x.dtype) / tf.cast(tf.size(sum_x), x.dtype)
     mean = tf.math.divide_no_nan(sum_x, count, name="mean")
-    centred = tf.math.squared_difference(x, tf.stop_gradient(mean))
-    m2 = tf.reduce_sum(centred, axes, keepdims=True, name="m2")
-    return size, mean, m2
+    if not (REFINE_LOCAL_MOMENTS and x.dtype == tf.float32):
+        centred = tf.math.squared_difference(x, tf.stop_gradient(mean))
+        return size, mean, tf.reduce_sum(centred, axes, keepdims=True, name="m2"), None
+    deviation = tf.math.subtract(x, tf.stop_gradient(mean), name="deviation")
+    m2 = tf.reduce_sum(tf.math.square(deviation), axes, keepdims=True, name="m2")
+    return size, mean, m2, tf.reduce_sum(deviation, axes, keepdims=True, name="residual")
 
 
-def merge_moments(ops, sizes, means, spreads, residuals=None, spread: str = "m2", epsilon: float = 0.0):
+def merge_moments(ops, sizes, means, spreads, residuals=None, spread: str = "m2", epsilon=None):
     """Global (n per tower, N, μ, σ² biased, σ²·N/(N−1)) from every tower's (size, m, spread), in
     float64, the spread being M2 or the Bessel-corrected variance (what the fused kernel reports).
     μ and the variances come back in the towers' dtype; n_t = size_t / (number of statistics).
     Products with n use MulNoNan: an empty tower's NaN statistics then weigh nothing. `ops` is a
     tf_private.FastOps (this runs once per layer, so op creation cost matters).
 
-    `residuals` (fused layers, float32): each tower's Σy, y = (x − m̂)/s the kernel's normalized
-    output with γ = 1, β = 0 and s² = v + ε (graphsync.fused.local_moments). With d = s·Σy/n the
-    tower's true mean is m̂ + d and its M2 is Σ(x − m̂)² − n·d², corrected here in float64 for all
-    towers at once: the float32 m̂ alone would put ~1e-7·|μ| per tower into Chan's between-tower term.
+    `residuals` (float32 towers): each tower's Σ(x − m̂) (moments subgraphs, `local_moments`; no
+    `epsilon`) or, with the layer's `epsilon`, Σy, y = (x − m̂)/s the fused kernel's normalized
+    output with γ = 1, β = 0 and s² = v + ε (graphsync.fused.local_moments), so Σ(x − m̂) = s·Σy.
+    With d = Σ(x − m̂)/n the tower's true mean is m̂ + d and its M2 is Σ(x − m̂)² − n·d², corrected
+    here in float64 for all towers at once: the float32 m̂ alone would put ~1e-7·|μ| per tower into
+    Chan's between-tower term.
     """
     f64, dtype = tf.float64, means[0].dtype
     per_statistic = means[0].shape.num_elements() or ops.cast(tf.size(means[0]), f64)
@@ -67,7 +82,7 @@ def merge_moments(ops, sizes, means, spreads, residuals=None, spread: str = "m2"
     else:
         m2 = ops.binary("MulNoNan", m2, ops.binary("Minimum", n, 1.0))
     if residuals is not None and all(r is not None for r in residuals):
-        m, m2 = refine_moments(ops, n, m, m2, ops.cast(ops.stack(residuals), f64), float(epsilon))
+        m, m2 = refine_moments(ops, n, m, m2, ops.cast(ops.stack(residuals), f64), epsilon)
     total = ops.sum(counts, 0, name="count")
     mean = ops.binary("RealDiv", ops.sum(ops.binary("MulNoNan", m, n), 0), total)
     deviation = ops.binary("MulNoNan", ops.binary("SquaredDifference", m, mean), n)
@@ -78,13 +93,15 @@ def merge_moments(ops, sizes, means, spreads, residuals=None, spread: str = "m2"
             ops.cast(unbiased, dtype, name="bessel_variance"))
 
 
-def refine_moments(ops, n, m, m2, residual, epsilon):
-    """A fused float32 tower's (m, M2) made exact in float64 from its residual Σy (see
-    merge_moments): with s = √(M2/n + ε) the kernel's scale and d = s·Σy/n, the true mean is
-    m̂ + d and the true M2 is Σ(x − m̂)² − n·d². All float64, broadcasting like n·m."""
-    biased = ops.binary("DivNoNan", m2, n)
-    shift = ops.binary("DivNoNan", ops.binary("MulNoNan", ops.unary("Sqrt", ops.binary("AddV2", biased, epsilon)),
-                                              residual), n)
+def refine_moments(ops, n, m, m2, residual, epsilon=None):
+    """A float32 tower's (m, M2) made exact in float64 from its residual (see merge_moments): with
+    d = Σ(x − m̂)/n — the residual over n, or with `epsilon` s·Σy/n, s = √(M2/n + ε) the fused
+    kernel's scale — the true mean is m̂ + d and the true M2 is Σ(x − m̂)² − n·d². All float64,
+    broadcasting like n·m."""
+    if epsilon is not None:
+        scale = ops.unary("Sqrt", ops.binary("AddV2", ops.binary("DivNoNan", m2, n), float(epsilon)))
+        residual = ops.binary("MulNoNan", scale, residual)
+    shift = ops.binary("DivNoNan", residual, n)
     return (ops.binary("AddV2", m, shift),
             ops.binary("Sub", m2, ops.binary("MulNoNan", ops.unary("Square", shift), n)))
 

@@ -78,15 +78,15 @@ def test_no_per_tower_batch_norm_op_runs_after_the_rewrite(fixture_reports):
 def test_bytes_per_layer_are_the_sufficient_statistics(fixture_reports):
     """Each tower off the aggregation device sends C means and C sums of squares (float32) and its
     count, and gets μ and σ² back, plus at most a few scalars; backward 2C float32 each way
-    (see shared/docs/syncbn-math.md). Fused float32 layers also send C residuals Σ(x − m̂)/s up:
-    float32 means alone cannot carry the precision Chan's merge needs at |μ|/σ = 1e4 (issue 11)."""
+    (see shared/docs/syncbn-math.md). Float32 layers also send C residuals Σ(x − m̂) (fused: over s)
+    up: float32 means alone cannot carry the precision Chan's merge needs at |μ|/σ = 1e4 (issue 11)."""
     name, report, towers = fixture_reports
     remote = towers - 1
     assert [t.layer.split("/")[0] for t in report.rewritten.traffic] == ["bn1", "bn2"]
     for traffic, channels in zip(report.rewritten.traffic, (8, 16)):
         statistics = remote * 2 * 4 * channels          # 2C float32 per tower and direction
         scalars = remote * 2 * 8                        # e.g. n_t up, N down (float64)
-        residuals = remote * 4 * channels if "FusedBatchNorm" in traffic.layer else 0   # float32 fixtures
+        residuals = remote * 4 * channels               # float32 fixtures
         assert statistics + residuals < traffic.forward_up <= statistics + residuals + scalars
         assert statistics <= traffic.forward_down <= statistics + scalars
         backward = 0 if name == "forward_2towers" else statistics
@@ -318,7 +318,8 @@ def test_report_as_json():
     report = graphsync.verify(_rewritten("moments_2towers.meta").graph, feeds={})
     data = json.loads(json.dumps(report.to_dict()))
     assert data["passed"] and data["summary"].startswith("PASS: ")
-    assert 2 * 2 * 4 * 8 < data["rewritten"]["traffic"][0]["forward"] <= 2 * (8 + 2 * 4 * 8) + 16
+    residuals = 4 * 8   # the remote tower's float32 Σ(x − m̂), C = 8
+    assert 2 * 2 * 4 * 8 < data["rewritten"]["traffic"][0]["forward"] <= 2 * (8 + 2 * 4 * 8) + residuals + 16
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The strategy with no central device: each tower packs its statistics into one vector and runs
 one `CollectiveReduceV2` per layer and direction. The forward packs float64 [n, n·m, M2 + n·m²]
-(the count travels in the vector; fused float32 towers first make m and M2 exact with their
-residual, as the gathered merge does); in float64 the E[x²]-style cancellation costs
+(the count travels in the vector; float32 towers first make m and M2 exact with their residual,
+as the gathered merge does); in float64 the E[x²]-style cancellation costs
 ~1e-16·(μ/σ)² relative, nothing up to |μ|/σ ≈ 1e4. Packing and unpacking
 are two small tf.functions traced once per process and called once per tower (one op each in
 the graph; TensorFlow inlines them before running, so a step runs the same kernels as if they
@@ -64,8 +64,10 @@ class AllReduce:
         for site, (size, mean, local_spread, *residual) in zip(sites, uploads):
             with pristine_scope(graph, site.device, site.op.name + "_sync"):
                 inputs = [size, mean, local_spread]
-                if residual and residual[0] is not None:   # a fused float32 tower: exact moments
-                    inputs += [residual[0], self.ops.constant(float(layer.epsilon), tf.float64)]
+                if residual and residual[0] is not None:   # a float32 tower: exact moments
+                    inputs.append(residual[0])
+                    if layer.kind == "fused":   # its residual is Σy, y = (x − m̂)/√(v + ε)
+                        inputs.append(self.ops.constant(float(layer.epsilon), tf.float64))
                 vector, n = self.ops.call(_library(_pack_moments, spread, inputs), inputs, "pack")
             channels = mean.shape.num_elements()
             vector.set_shape([1 + 2 * channels] if channels is not None else [None])
@@ -145,10 +147,11 @@ def _pack_moments(spread):
         """float64 [n, n·m, M2 + n·m²] of one tower (count first) and its n; M2 = v·(n − 1) for a
         Bessel spread. MulNoNan: an empty tower's NaN statistics weigh nothing.
 
-        A fused float32 tower also passes (residual Σy, ε) and its m̂, M̂2 are made exact as in
-        stats.refine_moments, expanded into the packed sums to spare ops on every tower: with
-        s·Σy = n·d, n·m = n·m̂ + s·Σy and M2 + n·m² = M̂2 + m̂·(n·m̂ + 2·s·Σy). Σ(M2 + n·m²) − N·μ²
-        then loses ~1e-16·(μ/σ)² relative in float64, nothing at |μ|/σ ≤ 1e4."""
+        A float32 tower also passes its residual Σ(x − m̂) — a fused one Σy and ε, Σ(x − m̂) = s·Σy —
+        and its m̂, M̂2 are made exact as in stats.refine_moments, expanded into the packed sums to
+        spare ops on every tower: with Σ(x − m̂) = n·d, n·m = n·m̂ + n·d and
+        M2 + n·m² = M̂2 + m̂·(n·m̂ + 2·n·d). Σ(M2 + n·m²) − N·μ² then loses ~1e-16·(μ/σ)² relative
+        in float64, nothing at |μ|/σ ≤ 1e4."""
         ops, f64 = FastOps(tf.compat.v1.get_default_graph()), tf.float64
         m, v = _flat(ops, mean, f64), _flat(ops, spread_value, f64)
         channels = m.shape.num_elements() or ops.cast(tf.size(m), f64)
@@ -158,9 +161,11 @@ def _pack_moments(spread):
         weighted = ops.binary("MulNoNan", m, n)
         cross = weighted
         if refinement:
-            residual, epsilon = refinement
-            scale = ops.unary("Sqrt", ops.binary("AddV2", ops.binary("DivNoNan", m2, n), epsilon))
-            shift = ops.binary("MulNoNan", scale, _flat(ops, residual, f64))   # s·Σy = n·d
+            residual, *epsilon = refinement
+            shift = _flat(ops, residual, f64)   # n·d
+            if epsilon:
+                scale = ops.unary("Sqrt", ops.binary("AddV2", ops.binary("DivNoNan", m2, n), epsilon[0]))
+                shift = ops.binary("MulNoNan", scale, shift)   # s·Σy = n·d
             weighted = ops.binary("AddV2", weighted, shift)
             cross = ops.binary("AddV2", weighted, shift)
         second = ops.binary("AddV2", m2, ops.binary("MulNoNan", m, cross))

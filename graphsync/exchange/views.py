@@ -39,7 +39,7 @@ def view(graph, site, s: Synchronized, upload, spread: str, factor=None, **keys)
     group_key, instance_key and timeout_ms (all-reduce). With `factor` (N/(N−1), a scalar) the tower's
     Bessel-corrected variance is σ²·factor, computed on the tower only when something reads it,
     its gradient reaching σ² through the Mul."""
-    size, local_mean, local_spread, *_ = upload   # fused uploads may carry more (stats.merge_moments)
+    size, local_mean, local_spread, *_ = upload   # float32 uploads carry a residual too (stats.merge_moments)
     inputs = [s.mean, s.variance, s.total, size, local_mean, local_spread]   # only μ, σ², N cross devices
     attrs = {"T": attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(
                  type=[t.dtype.as_datatype_enum for t in inputs])),

@@ -8,8 +8,9 @@ On the aggregation device (float64): N = Σ n_t
 Fused layers get (m_t, n_t/(n_t−1)·v_t) from TensorFlow's kernel (graphsync/fused.py); moments
 subgraphs get them from `local_moments`, whose statistics keep the reduced axes, so any
 `tf.nn.moments` axes work. Float32 towers of either kind also upload a residual that makes their
-float32 mean exact enough for the merge (`refine_moments`). Counts come from run-time shapes: towers may hold different batch
-sizes, even none. Each function only creates ops; the caller picks device and scope.
+float32 mean exact enough for the merge (`refine_moments`). Counts come from run-time shapes:
+towers may hold different batch sizes, even none. Each function only creates ops; the caller picks
+device and scope.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import tensorflow as tf
 # False: upload float32 statistics without their residual (benchmarks/step_overhead.py prices the
 # residual by building one variant so; both graphsync/fused.py and local_moments below read it).
 REFINE_LOCAL_MOMENTS = True
+
 
 @dataclasses.dataclass(frozen=True)
 class Layout:

@@ -61,6 +61,12 @@ class LayerPlan:
     def has_gradients(self) -> bool:
         return bool(self.sites[0].grad_ops)
 
+    @property
+    def residual_epsilon(self) -> float | None:
+        """The ε of a fused layer's residuals: its statistics kernel uploads Σ(x − m̂)/√(v + ε)
+        (graphsync/fused.py), which the merge scales back; moments residuals are Σ(x − m̂) (None)."""
+        return self.epsilon if self.kind == "fused" else None
+
 
 @dataclasses.dataclass
 class Plan:

@@ -66,8 +66,8 @@ class AllReduce:
                 inputs = [size, mean, local_spread]
                 if residual and residual[0] is not None:   # a float32 tower: exact moments
                     inputs.append(residual[0])
-                    if layer.kind == "fused":   # its residual is Σy, y = (x − m̂)/√(v + ε)
-                        inputs.append(self.ops.constant(float(layer.epsilon), tf.float64))
+                    if layer.residual_epsilon is not None:
+                        inputs.append(self.ops.constant(float(layer.residual_epsilon), tf.float64))
                 vector, n = self.ops.call(_library(_pack_moments, spread, inputs), inputs, "pack")
             channels = mean.shape.num_elements()
             vector.set_shape([1 + 2 * channels] if channels is not None else [None])

@@ -31,9 +31,8 @@ class Gather:
         out = [None] * len(sites)
         for g, members in enumerate(self.groups):
             with pristine_scope(graph, self.device, self._scope(layer, "forward", g)):
-                counts, total, mean, variance, bessel = stats.merge_moments(   # fused residuals are Σy
-                    self.ops, *zip(*[uploads[i] for i in members]), spread=spread,
-                    epsilon=layer.epsilon if layer.kind == "fused" else None)
+                counts, total, mean, variance, bessel = stats.merge_moments(
+                    self.ops, *zip(*[uploads[i] for i in members]), spread=spread, epsilon=layer.residual_epsilon)
                 factor = None
                 if spread == "bessel" and not layer.has_gradients:   # each tower's σ²·N/(N−1), see _view
                     ops = self.ops

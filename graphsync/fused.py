@@ -25,7 +25,7 @@ from tensorflow.core.framework import attr_value_pb2
 from graphsync import stats
 from graphsync.tf_private import create_op
 
-LOCAL_MOMENTS_GRADIENT = "GraphsyncFusedLocalMoments"   # also how match.py recognizes graphsync's ops
+LOCAL_MOMENTS_GRADIENT = "GraphsyncFusedLocalMoments"   # also how graphsync/match/fused.py recognizes graphsync's ops
 NORMALIZE_GRADIENT = "GraphsyncFusedNormalize"
 
 

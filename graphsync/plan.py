@@ -115,7 +115,7 @@ def _canonical(device: str) -> str:
 
 
 def _match_and_pair(graph: tf.Graph, towers, device, process_group) -> Plan:
-    candidates = match.fused_candidates(graph) + match.moments_candidates(graph)
+    candidates = match.candidates(graph)
     skipped = [(c.name, c.skip_reason) for c in candidates if c.skip_reason]
     live = [c for c in candidates if not c.skip_reason]
     explicit = towers is not None

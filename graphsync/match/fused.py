@@ -1,0 +1,57 @@
+"""Fused batch norm: a `FusedBatchNorm`/`V2`/`V3` op in training mode.
+
+Its gradient ops are the `FusedBatchNormGrad*` ops that read its reserve-space output 3 (how
+TensorFlow's own gradient wires them), whatever scope `tf.gradients` put them in.
+"""
+from __future__ import annotations
+
+import tensorflow as tf
+
+from graphsync import tf_private
+from graphsync.match.candidate import Candidate
+
+FUSED_TYPES = ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")
+
+
+def is_training(op: tf.Operation) -> bool:
+    return bool(op.get_attr("is_training"))
+
+
+def fused_gradient_ops(op: tf.Operation) -> list:
+    """The FusedBatchNormGrad* ops that differentiate `op`, in creation order."""
+    reserve = op.outputs[3]
+    grads = [c for c in reserve.consumers()
+             if c.type.startswith("FusedBatchNormGrad") and c.inputs[3] is reserve]
+    return sorted(grads, key=lambda g: g._id)  # pylint: disable=protected-access
+
+
+def is_live(op: tf.Operation) -> bool:
+    """Whether anything still reads y, mean or variance (false after graphsync rerouted them)."""
+    return any(t.consumers() for t in op.outputs[:3]) or bool(tf_private.control_outputs(op))
+
+
+GRAPHSYNC_GRADIENTS = ("GraphsyncFusedLocalMoments", "GraphsyncFusedNormalize", "GraphsyncSynchronizedNormalize")
+
+
+def made_by_graphsync(op: tf.Operation) -> bool:
+    """graphsync's own fused kernels carry its gradient names (in saved graphs too)."""
+    try:
+        return op.get_attr("_gradient_op_type").decode() in GRAPHSYNC_GRADIENTS
+    except ValueError:
+        return False
+
+
+def candidates(graph: tf.Graph) -> list[Candidate]:
+    """Every fused batch-norm op in the graph, with the reason it cannot be synchronized if any
+    that does not depend on towers."""
+    found = []
+    for op in graph.get_operations():
+        if op.type not in FUSED_TYPES or made_by_graphsync(op):
+            continue
+        reason = None
+        if not is_training(op):
+            reason = "inference mode (is_training=False): uses the moving statistics"
+        elif not is_live(op):
+            reason = "nothing reads its outputs (already synchronized, or unused)"
+        found.append(Candidate(op, "fused", reason))
+    return found

@@ -1,0 +1,34 @@
+"""Finding the gradient calls through a forward op by the scopes `tf.gradients` names after it
+(`…/gradients[_N]/<op name>_grad/…`), and the gradient arriving at it."""
+from __future__ import annotations
+
+import re
+
+import tensorflow as tf
+
+SHAPE_TYPES = ("Shape", "ShapeN", "Size", "Rank")
+_GRAD_SCOPE = re.compile(r"^(?P<call>(?:.*/)?gradients(?:_\d+)?)/(?P<forward>.+?)_grad/")
+
+
+def gradient_scopes(graph: tf.Graph) -> dict:
+    """forward op name → {gradient call prefix → ops of its gradient function}, from the scopes
+    `tf.gradients` names after the op it differentiates."""
+    scopes: dict = {}
+    for op in graph.get_operations():
+        found = _GRAD_SCOPE.match(op.name)
+        if found:
+            scopes.setdefault(found.group("forward"), {}).setdefault(found.group("call"), []).append(op)
+    return scopes
+
+
+def gradient_entry(grad_ops: list, forward_inputs) -> tf.Tensor | None:
+    """The gradient arriving at a forward op's output: the one floating tensor its gradient
+    function reads from outside itself for arithmetic (not for shapes), and that is not one of the
+    forward op's own inputs."""
+    members = set(grad_ops)
+    entries = {t.ref() for op in grad_ops if op.type not in SHAPE_TYPES for t in op.inputs
+               if t.op not in members and t.dtype.is_floating and
+               all(t is not f for f in forward_inputs)}
+    if len(entries) != 1:
+        return None
+    return next(iter(entries)).deref()

@@ -1,0 +1,48 @@
+"""Batch norm hidden in function bodies (`If`, `While`, calls), where get_operations() cannot see it:
+what a tensor-valued `training` flag builds under control flow v2."""
+from __future__ import annotations
+
+import tensorflow as tf
+
+from graphsync import tf_private
+from graphsync.match.fused import FUSED_TYPES
+
+FUNCTION_CALL_TYPES = ("If", "StatelessIf", "While", "StatelessWhile", "Case", "StatelessCase",
+                       "PartitionedCall", "StatefulPartitionedCall")
+
+
+def functions_with_training_batch_norm(graph: tf.Graph) -> set[str]:
+    """Names of the graph's functions that contain (directly or through nested calls) a fused
+    batch norm in training mode: the bodies TensorFlow's control flow v2 hides them in."""
+    library = tf_private.function_library(graph)
+    if not library:
+        return set()
+    calls: dict[str, set[str]] = {}
+    direct = set()
+    for name, fdef in library.items():
+        callees = set()
+        for node in fdef.node_def:
+            if node.op in FUSED_TYPES and node.attr["is_training"].b:
+                direct.add(name)
+            callees |= {value.func.name for value in node.attr.values() if value.func.name}
+            if node.op in library:
+                callees.add(node.op)
+        calls[name] = callees
+    tainted, changed = set(direct), True
+    while changed:
+        changed = False
+        for name, callees in calls.items():
+            if name not in tainted and callees & tainted:
+                tainted.add(name)
+                changed = True
+    return tainted
+
+
+def called_functions(op: tf.Operation) -> set[str]:
+    """Names of the functions a control-flow or call op runs."""
+    names = set()
+    for attr in op.node_def.attr.values():
+        if attr.func.name:
+            names.add(attr.func.name)
+        names |= {f.name for f in attr.list.func}
+    return names

@@ -32,6 +32,7 @@ import dataclasses
 import os
 import sys
 import time
+import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
@@ -53,7 +54,7 @@ class Setting:
     side: int = 32                  # image side (pixels)
     width: int = 16                 # channels at full resolution, doubled per level
     depth: int = 2                  # downsamplings: the bottleneck is side / 2**depth
-    steps: int = 300
+    steps: int = 600
     eval_every: int = 25
     heldout: int = 128              # held-out images (evaluated in one batch)
     learning_rate: float = 1e-3     # Adam
@@ -108,6 +109,12 @@ def heldout_set(setting: Setting):
 
 def unet(images, setting: Setting, training: bool):
     """Per-pixel logits. Called in each tower under one variable scope (reuse after tower 0)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)     # tf.compat.v1.layers is deprecated
+        return _unet(images, setting, training)
+
+
+def _unet(images, setting: Setting, training: bool):
     tf, tf1 = _tf()
     seeds = iter(range(1, 1000))
 
@@ -318,6 +325,19 @@ def run_all(setting: Setting, seeds, variants=VARIANTS, log=None) -> list[dict]:
 
 # -- report ----------------------------------------------------------------------------------------
 
+LOSS_ALIKE = 1e-4   # relative training-loss gap below which two runs are still on one trajectory
+
+
+def steps_alike(loss_gap) -> int:
+    """How many steps a run's training loss stays within LOSS_ALIKE of the one-device run's."""
+    return next((step for step, gap in enumerate(loss_gap) if gap > LOSS_ALIKE), len(loss_gap))
+
+
+def spread_steps(values) -> str:
+    values = sorted(values)
+    return str(values[0]) if len(values) == 1 else f"{int(np.median(values))} ({values[0]}–{values[-1]})"
+
+
 def spread(values) -> str:
     values = sorted(values)
     if len(values) == 1:
@@ -342,10 +362,13 @@ def markdown(setting: Setting, records: list[dict], seeds) -> str:
         drifts = [r["drift"] for r in runs if "drift" in r]
         if drifts:
             row["drift"] = f"{max(d['max'] for d in drifts):.1e} / {np.median([d['median'] for d in drifts]):.1e}"
+            row["same"] = spread_steps([steps_alike(r["loss_gap"]) for r in runs])
         rows.append(row)
     columns = [("variant", "variant"), ("miou", "eval mIoU"), ("accuracy", "eval pixel accuracy"),
                ("eval_loss", "eval loss"), ("train_loss", f"training loss, last {max(1, setting.steps // 10)} steps"),
-               ("drift", "drift from one device: max / median over variables"), ("step", "wall per step")]
+               ("drift", "end-of-run drift from one device: max / median over variables"),
+               ("same", f"steps before the loss differs from one device's by > {LOSS_ALIKE:g}"),
+               ("step", "wall per step")]
     text = (f"{setting.towers} towers × {setting.per_tower} examples (one device: {setting.batch}), "
             f"{setting.side}×{setting.side} images, U-Net width {setting.width}, depth {setting.depth} "
             f"(bottleneck {setting.bottleneck}×{setting.bottleneck}), {setting.steps} steps, Adam "
@@ -361,7 +384,7 @@ def plot(setting: Setting, records: list[dict], path: str, title: str = "") -> N
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     colors = {"per-tower": "tab:red", "graphsync": "tab:blue", "one device": "black"}
-    styles = {"per-tower": "-", "graphsync": "-", "one device": "--"}
+    styles = {"per-tower": ("-", 1.4), "graphsync": ("-", 3.0), "one device": ("--", 1.2)}
     fig, (ax_loss, ax_eval) = plt.subplots(1, 2, figsize=(10, 3.8))
     window = 10
     for variant in VARIANTS:
@@ -382,8 +405,10 @@ def plot(setting: Setting, records: list[dict], path: str, title: str = "") -> N
     ax_eval.legend(loc="lower right", fontsize=8)
     for ax in (ax_loss, ax_eval):
         ax.grid(alpha=0.3)
-    if title:
-        fig.suptitle(title, fontsize=9)
+    seeds = sorted({r["seed"] for r in records})
+    fig.suptitle(title or f"U-Net, {setting.side}×{setting.side} segmentation, bottleneck {setting.bottleneck}×"
+                 f"{setting.bottleneck}, Adam {setting.learning_rate:g}: median over {len(seeds)} seeds "
+                 f"(line), range (band)", fontsize=9)
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -391,9 +416,10 @@ def plot(setting: Setting, records: list[dict], path: str, title: str = "") -> N
 
 
 def _band(ax, x, values, color, style, label):
-    ax.plot(x, np.median(values, 0), style, color=color, label=label, lw=1.4)
+    line, width = style
+    ax.plot(x, np.median(values, 0), line, color=color, label=label, lw=width, alpha=0.8 if width > 2 else 1)
     if len(values) > 1:
-        ax.fill_between(x, values.min(0), values.max(0), color=color, alpha=0.18, lw=0)
+        ax.fill_between(x, values.min(0), values.max(0), color=color, alpha=0.15, lw=0)
 
 
 def main(argv=None):

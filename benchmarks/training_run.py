@@ -24,6 +24,7 @@ with the moving statistics), and at the end every variable, for the relative dri
 ‖v_variant − v_one-device‖ / ‖v_one-device‖ of each variable (trainable and moving statistics).
 
     python benchmarks/training_run.py --json benchmarks/results/training_run.json --plot docs/training_run.png
+    python benchmarks/training_run.py --replot benchmarks/results/training_run.json --plot docs/training_run.png
 """
 from __future__ import annotations
 
@@ -377,6 +378,23 @@ def markdown(setting: Setting, records: list[dict], seeds) -> str:
     return text + _common.table(rows, columns)
 
 
+def write_records(path: str, setting: Setting, seeds, records: list[dict]) -> None:
+    """The raw results, one line per run: losses to 6 digits; no variables (the drift stands for them),
+    no loss gaps (the one-device losses give them), but the steps the loss stayed alike."""
+    import json
+    lines = []
+    for record in records:
+        kept = {k: v for k, v in record.items() if k not in ("variables", "loss_gap")}
+        kept["loss"] = [float(f"{x:.6g}") for x in record["loss"]]
+        if "loss_gap" in record:
+            kept["steps_alike"] = steps_alike(record["loss_gap"])
+        lines.append(json.dumps(kept))
+    head = json.dumps({"setting": dataclasses.asdict(setting), "seeds": list(seeds)})[:-1]
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(head + ', "records": [\n' + ",\n".join(lines) + "\n]}\n")
+
+
 def plot(setting: Setting, records: list[dict], path: str, title: str = "") -> None:
     """Training loss (a moving average of 10 steps) and evaluation mIoU against step: the median over
     seeds as a line, the range over seeds as a band."""
@@ -433,7 +451,14 @@ def main(argv=None):
                         choices=VARIANTS + (PERTURBED,))
     parser.add_argument("--json", help="raw results (per-step losses, evaluations, drifts)")
     parser.add_argument("--plot", help="PNG of the curves (needs matplotlib: pip install '.[benchmarks]')")
+    parser.add_argument("--replot", metavar="JSON", help="only draw --plot from the results of an earlier --json")
     args = parser.parse_args(argv)
+    if args.replot:
+        import json
+        with open(args.replot) as f:
+            saved = json.load(f)
+        plot(Setting(**saved["setting"]), saved["records"], args.plot)
+        return
     setting = Setting(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Setting)})
     print(_common.header("Training run: per-tower statistics, graphsync, one device", argv))
     started = _common.now()
@@ -442,8 +467,8 @@ def main(argv=None):
     load = os.getloadavg()
     print(f"\n{_common.now() - started:.0f} s wall in all; load average {load[0]:.2f} / {load[1]:.2f} / "
           f"{load[2]:.2f} (1 / 5 / 15 min) at the end. graphsync: {records[0]['graphsync'] or next((r['graphsync'] for r in records if r['graphsync']), '')}")
-    _common.write_json(args.json, {"setting": dataclasses.asdict(setting), "seeds": args.seeds,
-                                   "records": [{k: v for k, v in r.items() if k != "variables"} for r in records]})
+    if args.json:
+        write_records(args.json, setting, args.seeds, records)
     if args.plot:
         plot(setting, records, args.plot)
 

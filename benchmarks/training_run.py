@@ -44,6 +44,7 @@ VARIANTS = ("per-tower", "graphsync", "one device")
 # the rounding yardstick for the drift: one device again, every initial value one float32 ulp away
 PERTURBED = "one device, 1 ulp"
 CLASSES = ("background", "disk", "square", "triangle")
+SHAPE_RADIUS = (0.12, 0.25)     # of the image side
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,7 +81,7 @@ def shapes(count: int, side: int, rng: np.random.RandomState):
     for n in range(count):
         for _ in range(rng.randint(1, 4)):
             kind = rng.randint(1, len(CLASSES))
-            radius = rng.uniform(0.12, 0.25) * side
+            radius = rng.uniform(*SHAPE_RADIUS) * side
             cy, cx = rng.uniform(radius, side - radius, 2)
             if kind == 1:
                 mask = (yy - cy) ** 2 + (xx - cx) ** 2 <= radius ** 2

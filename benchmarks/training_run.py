@@ -23,13 +23,16 @@ Recorded: the training loss of every step (the mean of the tower losses, as the 
 with the moving statistics), and at the end every variable, for the relative drift
 ‖v_variant − v_one-device‖ / ‖v_one-device‖ of each variable (trainable and moving statistics).
 
-    python benchmarks/training_run.py --json benchmarks/results/training_run.json --plot docs/training_run.png
-    python benchmarks/training_run.py --replot benchmarks/results/training_run.json --plot docs/training_run.png
+    python benchmarks/training_run.py --json benchmarks/results/training_run.json \
+        --plot docs/training_run.png
+    python benchmarks/training_run.py --replot benchmarks/results/training_run.json \
+        --plot docs/training_run.png          # the figure again, from the recorded numbers
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import os
 import sys
 import time
@@ -145,6 +148,7 @@ def pixel_loss(logits, labels):
     return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
 
 
+@functools.lru_cache(None)
 def _tf():
     tf = _common.import_tf()
     tf.compat.v1.disable_eager_execution()
@@ -253,11 +257,12 @@ def train(setting: Setting, variant: str, seed: int, stream, heldout, evaluation
             tf1.Session(graph=evaluation.graph, config=session_config()) as eval_sess:
 
         def evaluate(step):
-            values = sess.run(run.variables)
-            for variable, value in zip(evaluation.variables, values):
-                variable.load(value, eval_sess)
-            loss, predictions = eval_sess.run([evaluation.loss, evaluation.predictions],
-                                              {evaluation.images: heldout[0], evaluation.labels: heldout[1]})
+            """Copies the variables into the evaluation graph (by name), evaluates, returns them."""
+            values = dict(zip((v.name for v in run.variables), sess.run(run.variables)))
+            for variable in evaluation.variables:
+                variable.load(values[variable.name], eval_sess)
+            feed = {evaluation.images: heldout[0], evaluation.labels: heldout[1]}
+            loss, predictions = eval_sess.run([evaluation.loss, evaluation.predictions], feed)
             record["eval"].append({"step": step, "loss": float(loss),
                                    **segmentation_metrics(predictions, heldout[1])})
             return values
@@ -265,7 +270,7 @@ def train(setting: Setting, variant: str, seed: int, stream, heldout, evaluation
         sess.run(run.init)
         if variant == PERTURBED:
             nudge_by_one_ulp(sess, run, seed)
-        evaluate(0)
+        values = evaluate(0)
         per_device = setting.batch // len(run.feeds)
         for step in range(setting.steps):
             offset = step * setting.batch
@@ -277,7 +282,7 @@ def train(setting: Setting, variant: str, seed: int, stream, heldout, evaluation
             record["loss"].append(float(loss))
             if (step + 1) % setting.eval_every == 0 or step + 1 == setting.steps:
                 values = evaluate(step + 1)
-    record["variables"] = {v.name: value for v, value in zip(run.variables, values)}
+    record["variables"] = values
     record["cpu_s"], record["wall_s"] = time.process_time() - start[0], _common.now() - start[1]
     return record
 
@@ -288,8 +293,8 @@ def nudge_by_one_ulp(sess, run: Training, seed: int) -> None:
     for variable in run.variables:
         if variable in run.graph.get_collection("trainable_variables"):
             value = sess.run(variable)
-            variable.load(np.nextafter(value, np.where(rng.rand(*value.shape) < 0.5, -np.inf, np.inf)
-                                       .astype(np.float32)), sess)
+            direction = np.where(rng.rand(*value.shape) < 0.5, -np.inf, np.inf).astype(np.float32)
+            variable.load(np.nextafter(value, direction), sess)
 
 
 def drift(record: dict, reference: dict) -> dict:
@@ -317,11 +322,11 @@ def run_all(setting: Setting, seeds, variants=VARIANTS, log=None) -> list[dict]:
                 last = record["eval"][-1]
                 log(f"seed {seed} {variant:10s}: final eval mIoU {last['miou']:.3f}, accuracy "
                     f"{last['accuracy']:.3f}, loss {last['loss']:.3f}; {record['wall_s']:.0f} s")
-        if "one device" in by_variant:
-            for variant, record in by_variant.items():
-                if variant != "one device":
-                    record["drift"] = drift(record, by_variant["one device"])
-                    record["loss_gap"] = [abs(a - b) / b for a, b in zip(record["loss"], by_variant["one device"]["loss"])]
+        reference = by_variant.get("one device")
+        for variant, record in by_variant.items():
+            if reference and record is not reference:
+                record["drift"] = drift(record, reference)
+                record["loss_gap"] = [abs(a - b) / b for a, b in zip(record["loss"], reference["loss"])]
     return records
 
 
@@ -348,13 +353,12 @@ def spread(values) -> str:
 
 
 def markdown(setting: Setting, records: list[dict], seeds) -> str:
-    rows = []
+    rows, tail = [], max(1, setting.steps // 10)
     for variant in VARIANTS + (PERTURBED,):
         runs = [r for r in records if r["variant"] == variant]
         if not runs:
             continue
         finals = [r["eval"][-1] for r in runs]
-        tail = max(1, setting.steps // 10)
         row = {"variant": variant,
                "miou": spread([f["miou"] for f in finals]),
                "accuracy": spread([f["accuracy"] for f in finals]),
@@ -363,14 +367,15 @@ def markdown(setting: Setting, records: list[dict], seeds) -> str:
                "step": f"{np.median([r['wall_s'] / setting.steps for r in runs]) * 1e3:.0f} ms"}
         drifts = [r["drift"] for r in runs if "drift" in r]
         if drifts:
-            row["drift"] = f"{max(d['max'] for d in drifts):.1e} / {np.median([d['median'] for d in drifts]):.1e}"
+            medians = np.median([d["median"] for d in drifts])
+            row["drift"] = f"{max(d['max'] for d in drifts):.1e} / {medians:.1e}"
             row["same"] = spread_steps([steps_alike(r["loss_gap"]) for r in runs])
         rows.append(row)
     columns = [("variant", "variant"), ("miou", "eval mIoU"), ("accuracy", "eval pixel accuracy"),
-               ("eval_loss", "eval loss"), ("train_loss", f"training loss, last {max(1, setting.steps // 10)} steps"),
+               ("eval_loss", "eval loss"), ("train_loss", f"training loss, last {tail} steps"),
                ("drift", "end-of-run drift from one device: max / median over variables"),
                ("same", f"steps before the loss differs from one device's by > {LOSS_ALIKE:g}"),
-               ("step", "wall per step")]
+               ("step", "wall per step, with evaluations")]
     text = (f"{setting.towers} towers × {setting.per_tower} examples (one device: {setting.batch}), "
             f"{setting.side}×{setting.side} images, U-Net width {setting.width}, depth {setting.depth} "
             f"(bottleneck {setting.bottleneck}×{setting.bottleneck}), {setting.steps} steps, Adam "
@@ -397,7 +402,7 @@ def write_records(path: str, setting: Setting, seeds, records: list[dict]) -> No
 
 
 def plot(setting: Setting, records: list[dict], path: str, title: str = "") -> None:
-    """Training loss (a moving average of 10 steps) and evaluation mIoU against step: the median over
+    """Training loss (a moving average of 10 steps, fewer in short runs) and evaluation mIoU against step: the median over
     seeds as a line, the range over seeds as a band."""
     import matplotlib
     matplotlib.use("Agg")
@@ -405,13 +410,13 @@ def plot(setting: Setting, records: list[dict], path: str, title: str = "") -> N
     colors = {"per-tower": "tab:red", "graphsync": "tab:blue", "one device": "black"}
     styles = {"per-tower": ("-", 1.4), "graphsync": ("-", 3.0), "one device": ("--", 1.2)}
     fig, (ax_loss, ax_eval) = plt.subplots(1, 2, figsize=(10, 3.8))
-    window = 10
+    window = min(10, setting.steps)
     for variant in VARIANTS:
         runs = [r for r in records if r["variant"] == variant]
         if not runs:
             continue
         label = {"per-tower": f"{setting.towers} towers × {setting.per_tower}, per-tower statistics",
-                 "graphsync": f"the same towers, graphsync",
+                 "graphsync": "the same towers, graphsync",
                  "one device": f"one device, batch {setting.batch}"}[variant]
         losses = np.array([np.convolve(r["loss"], np.ones(window) / window, "valid") for r in runs])
         steps = np.arange(window, setting.steps + 1)
@@ -419,15 +424,15 @@ def plot(setting: Setting, records: list[dict], path: str, title: str = "") -> N
         eval_steps = [e["step"] for e in runs[0]["eval"]]
         mious = np.array([[e["miou"] for e in r["eval"]] for r in runs])
         _band(ax_eval, eval_steps, mious, colors[variant], styles[variant], label)
-    ax_loss.set(xlabel="step", ylabel="training loss (moving average of 10 steps)", yscale="log")
+    ax_loss.set(xlabel="step", ylabel=f"training loss (moving average of {window} steps)", yscale="log")
     ax_eval.set(xlabel="step", ylabel="held-out mean IoU (moving statistics)")
     ax_eval.legend(loc="lower right", fontsize=8)
     for ax in (ax_loss, ax_eval):
         ax.grid(alpha=0.3)
     seeds = sorted({r["seed"] for r in records})
-    fig.suptitle(title or f"U-Net, {setting.side}×{setting.side} segmentation, bottleneck {setting.bottleneck}×"
-                 f"{setting.bottleneck}, Adam {setting.learning_rate:g}: median over {len(seeds)} seeds "
-                 f"(line), range (band)", fontsize=9)
+    fig.suptitle(title or f"U-Net, {setting.side}×{setting.side} segmentation, bottleneck "
+                 f"{setting.bottleneck}×{setting.bottleneck}, Adam {setting.learning_rate:g}: median over "
+                 f"{len(seeds)} seeds (line), range (band)", fontsize=9)
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -436,7 +441,8 @@ def plot(setting: Setting, records: list[dict], path: str, title: str = "") -> N
 
 def _band(ax, x, values, color, style, label):
     line, width = style
-    ax.plot(x, np.median(values, 0), line, color=color, label=label, lw=width, alpha=0.8 if width > 2 else 1)
+    ax.plot(x, np.median(values, 0), line, color=color, label=label, lw=width,
+            alpha=0.8 if width > 2 else 1.0)
     if len(values) > 1:
         ax.fill_between(x, values.min(0), values.max(0), color=color, alpha=0.15, lw=0)
 
@@ -445,14 +451,15 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     defaults = Setting()
     for field in dataclasses.fields(Setting):
-        parser.add_argument("--" + field.name.replace("_", "-"), type=field.type == "float" and float or int,
-                            default=getattr(defaults, field.name))
+        parser.add_argument("--" + field.name.replace("_", "-"), default=getattr(defaults, field.name),
+                            type=float if field.type == "float" else int)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS) + [PERTURBED],
                         choices=VARIANTS + (PERTURBED,))
     parser.add_argument("--json", help="raw results (per-step losses, evaluations, drifts)")
     parser.add_argument("--plot", help="PNG of the curves (needs matplotlib: pip install '.[benchmarks]')")
-    parser.add_argument("--replot", metavar="JSON", help="only draw --plot from the results of an earlier --json")
+    parser.add_argument("--replot", metavar="JSON",
+                        help="draw --plot from the results of an earlier --json, without training")
     args = parser.parse_args(argv)
     if args.replot:
         import json
@@ -466,8 +473,9 @@ def main(argv=None):
     records = run_all(setting, args.seeds, args.variants, log=lambda line: print(line, file=sys.stderr))
     print(markdown(setting, records, args.seeds))
     load = os.getloadavg()
+    summary = next((r["graphsync"] for r in records if r["graphsync"]), "not run")
     print(f"\n{_common.now() - started:.0f} s wall in all; load average {load[0]:.2f} / {load[1]:.2f} / "
-          f"{load[2]:.2f} (1 / 5 / 15 min) at the end. graphsync: {records[0]['graphsync'] or next((r['graphsync'] for r in records if r['graphsync']), '')}")
+          f"{load[2]:.2f} (1 / 5 / 15 min) at the end. graphsync: {summary}")
     if args.json:
         write_records(args.json, setting, args.seeds, records)
     if args.plot:

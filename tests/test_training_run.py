@@ -10,7 +10,8 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 import training_run  # noqa: E402
 
-TINY = training_run.Setting(towers=4, per_tower=2, side=16, width=4, depth=1, steps=6, eval_every=3, heldout=8)
+TINY = training_run.Setting(towers=4, per_tower=2, side=16, width=4, depth=1, steps=6, eval_every=3,
+                            heldout=8)
 
 
 @pytest.fixture(scope="module")
@@ -55,3 +56,11 @@ def test_the_table_has_every_variant(runs):
     _, table = runs
     for variant in training_run.VARIANTS:
         assert f"| {variant} |" in table
+
+
+def test_the_plot_draws_from_the_records(runs, tmp_path):
+    pytest.importorskip("matplotlib")
+    by_variant, _ = runs
+    path = tmp_path / "curves.png"
+    training_run.plot(TINY, list(by_variant.values()), str(path))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -7,8 +7,10 @@ import sys
 import numpy as np
 import pytest
 
+_saved_path = list(sys.path)
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 import training_run  # noqa: E402
+sys.path[:] = _saved_path     # benchmarks/models.py must not shadow tests/models.py for later imports
 
 TINY = training_run.Setting(towers=4, per_tower=2, side=16, width=4, depth=1, steps=6, eval_every=3,
                             heldout=8)

@@ -1,15 +1,22 @@
 """Synchronizing the multi-tower graphs of an unchanged script, just before each is first used.
 
 `graphsync run train.py` installs an AutoSync before the script starts. Once TensorFlow is
-imported (by the script, whenever it does), two entry points are patched:
+imported (by the script, whenever it does), three entry points are patched:
 
     BaseSession.__init__  every session class (Session, InteractiveSession, the sessions that
                           MonitoredSession, Supervisor and SessionManager create) on its graph
     Graph.finalize        Supervisor and Scaffold freeze the graph before any session exists
+    BaseSession._extend_graph
+                          before every run, partial_run_setup and make_callable of every session
+                          copies the graph's new ops into its runtime: a session opened before the
+                          towers were built (`with tf.Graph().as_default(), tf.compat.v1.Session()`
+                          around the script, an InteractiveSession on its first line) shows them here
 
-Whichever comes first hands the graph to `AutoSync.first_use`, which rewrites it at most once:
-graphs without towers or without batch norm, and graphs the script rewrote itself with
-`rewrite_towers()`, are left alone. The per-graph choice is `AutoSync.options_for(graph)` (None:
+Each hands the graph to `AutoSync.first_use`, which rewrites it at most once: graphs without
+towers or without batch norm, and graphs the script rewrote itself with `rewrite_towers()`, are
+left alone. Before a run the check is one version comparison (graphsync.session_copies), and the
+graph is looked at only when it grew since that session's last run. A rewrite that would edit ops
+an open session already holds is refused (its edits would be silently ignored by that session). The per-graph choice is `AutoSync.options_for(graph)` (None:
 leave it alone), and the patch table is `AutoSync.patch_points()`: a subclass extends either
 without touching the rest.
 
@@ -26,6 +33,8 @@ import sys
 import threading
 import warnings
 import weakref
+
+from graphsync.session_copies import SessionCopies
 
 ON_ERROR = ("fail", "warn")
 
@@ -56,6 +65,7 @@ class AutoSync:
         self._lock = threading.RLock()
         self._undo: list = []
         self._waiting = None
+        self._copies = SessionCopies()
 
     # -- the per-graph decision ------------------------------------------------------------
 
@@ -64,10 +74,11 @@ class AutoSync:
         return dict(self.options)
 
     def first_use(self, graph) -> None:
-        """Called by the patches before each session is created on `graph` and before it is
-        finalized. A graph is decided once it is rewritten, refused, rewritten by the script, or
-        left alone by options_for; one with nothing to synchronize yet (a session opened before
-        the towers were built) is looked at again on its next session or its finalization."""
+        """Called by the patches before each session is created on `graph`, before it is
+        finalized, and before a session's run copies the ops added since its last one. A graph is
+        decided once it is rewritten, refused, rewritten by the script, or left alone by
+        options_for; one with nothing to synchronize yet (a session opened before the towers were
+        built) is looked at again once it grew: on its next session, run or finalization."""
         with self._lock:
             if graph in self._decided or self._looked_at.get(graph) == graph.version:
                 return
@@ -88,6 +99,30 @@ class AutoSync:
             else:
                 self._looked_at[graph] = graph.version   # looked at again only once ops are added
 
+    def before_run(self, session) -> None:
+        """Before `session` copies its graph into its runtime, when the graph grew since the
+        session's last copy (the patch checks that much on every run)."""
+        graph = session.graph
+        with self._lock:
+            self.first_use(graph)
+            self._copies.record(session, graph)
+
+    def _refuse_if_already_copied(self, graph, number: int, options: dict) -> None:
+        """A GraphsyncError when an open session already holds an op the rewrite would edit."""
+        if not self._copies.held(graph):
+            return   # the usual case: no open session has run this graph yet, nothing to plan twice
+        from graphsync.errors import GraphsyncError
+        from graphsync.plan import make_plan
+        plan = make_plan(graph, options.get("towers"), options.get("device"),
+                         strategy=options.get("strategy", "gather"), group_size=options.get("group_size"),
+                         process_group=options.get("process_group"))
+        op = self._copies.first_held(graph, [site.op for layer in plan.layers for site in layer.sites])
+        if op is not None:
+            raise GraphsyncError(
+                f"graph {number}: {op.name} was part of a Session.run before the other towers were built, "
+                "and that session (still open) would ignore the rewrite: build every tower before the first "
+                "run, or call graphsync.rewrite_towers() once they are built and run them in a new session")
+
     def _rewrite(self, graph, number: int, options: dict) -> bool:
         """Whether the graph is decided: rewritten, or refused."""
         from graphsync.errors import GraphsyncError, GraphsyncWarning, NoTowersError
@@ -95,6 +130,7 @@ class AutoSync:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", GraphsyncWarning)
             try:
+                self._refuse_if_already_copied(graph, number, options)
                 report = rewrite_towers(graph, **options)
             except NoTowersError as exc:
                 self._say(f"graph {number} left alone: {_one_line(exc)}", verbose_only=True)
@@ -155,9 +191,11 @@ class AutoSync:
         # graphsync.rewrite registers graphsync's gradients, as `import graphsync` after TensorFlow
         # does: a script that differentiates a graph rewritten earlier (a saved one) needs them
         from graphsync import rewrite, tf_private  # noqa: F401
-        first_use = self.first_use
+        first_use, before_run, copies = self.first_use, self.before_run, self._copies
         session_class = tf_private.session_base_class()
+        extend = tf_private.session_extend_method()
         original_init, original_finalize = session_class.__init__, tf.Graph.finalize
+        original_extend = getattr(session_class, extend)
 
         def session_init(session, *args, **kwargs):
             graph = kwargs.get("graph", args[1] if len(args) > 1 else None)
@@ -173,7 +211,13 @@ class AutoSync:
                 first_use(graph)
             return original_finalize(graph)
 
-        return [(session_class, "__init__", session_init), (tf.Graph, "finalize", finalize)]
+        def extend_graph(session):
+            if not copies.up_to_date(session, session.graph):
+                before_run(session)
+            return original_extend(session)
+
+        return [(session_class, "__init__", session_init), (tf.Graph, "finalize", finalize),
+                (session_class, extend, extend_graph)]
 
     def install(self) -> "AutoSync":
         """Patches TensorFlow now if it is imported, else as soon as it is."""

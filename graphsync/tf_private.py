@@ -64,6 +64,34 @@ def session_base_class() -> type:
     return session.BaseSession
 
 
+def session_extend_method() -> str:
+    """The BaseSession method that copies the ops added to the graph since the session's last call
+    into its runtime, before every `run`, `partial_run_setup`, `make_callable` and callable from
+    options (`partial_run` steps reuse their setup's copy). Ops edited after a session copied them
+    keep running in that session as they were."""
+    return "_extend_graph"
+
+
+def session_is_open(session) -> bool:
+    return not session._closed  # pylint: disable=protected-access
+
+
+def created_by(graph: tf.Graph, version: int):
+    """A test of whether an op of `graph` existed when `graph.version` was `version`.
+
+    TensorFlow numbers a graph's ops in creation order (Operation._id) and Graph.version counts the
+    ops created so far (no op is ever removed), so those ops are the `version` ones with the
+    smallest ids. Costs one pass over the graph; the test itself is a comparison."""
+    ids = sorted(op._id for op in graph.get_operations())  # pylint: disable=protected-access
+    last = ids[version - 1] if version > 0 else -1
+    return lambda op: op._id <= last  # pylint: disable=protected-access
+
+
+def creation_order(op: tf.Operation) -> int:
+    """A key that sorts ops in the order they were created."""
+    return op._id  # pylint: disable=protected-access
+
+
 def make_server_def(server_or_cluster_def, job_name, task_index, protocol, config):
     """The tf.train.ServerDef that tf.distribute.Server(...) builds from its arguments."""
     from tensorflow.python.training import server_lib  # pylint: disable=import-outside-toplevel

@@ -17,23 +17,31 @@ import weakref
 
 
 class SessionCopies:
-    """session → graph.version when the session last copied its graph."""
+    """id(session) → graph.version when the session last copied its graph.
+
+    Keyed by id, not by a weak reference to the session: the lookup before every run then builds no
+    weakref (measured 0.2 against 0.5 µs); each entry goes when its session is collected."""
 
     def __init__(self):
-        self._versions = weakref.WeakKeyDictionary()
+        self._versions: dict[int, int] = {}
+        self._sessions = weakref.WeakValueDictionary()   # id(session) → session, for held()
 
     def up_to_date(self, session, graph) -> bool:
         """Whether the session's next copy would add nothing: the per-run check."""
-        return self._versions.get(session) == graph.version
+        return self._versions.get(id(session)) == graph.version
 
     def record(self, session, graph) -> None:
         """The session is about to copy `graph` as it is now."""
-        self._versions[session] = graph.version
+        key = id(session)
+        if key not in self._sessions:
+            self._sessions[key] = session
+            weakref.finalize(session, self._versions.pop, key, None)
+        self._versions[key] = graph.version
 
     def held(self, graph) -> int:
         """How many ops of `graph` (the oldest) an open session already holds: 0 when none."""
         from graphsync import tf_private
-        return max((version for session, version in list(self._versions.items())
+        return max((self._versions.get(key, 0) for key, session in list(self._sessions.items())
                     if session.graph is graph and tf_private.session_is_open(session)), default=0)
 
     def first_held(self, graph, ops):

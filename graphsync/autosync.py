@@ -61,7 +61,8 @@ class AutoSync:
         self._decided = weakref.WeakSet()            # graphs first_use is done with
         self._numbers = weakref.WeakKeyDictionary()  # graph → its number in messages, in order of first use
         self._count = itertools.count(1)
-        self._looked_at = weakref.WeakKeyDictionary()  # undecided graph → its version when last looked at
+        self._looked_at = weakref.WeakKeyDictionary()  # graph → its version when last looked at
+        self._synchronized = weakref.WeakKeyDictionary()  # graph rewritten here → the options it was rewritten with
         self._lock = threading.RLock()
         self._undo: list = []
         self._waiting = None
@@ -96,26 +97,57 @@ class AutoSync:
                 return
             if self._rewrite(graph, number, options):
                 self._decided.add(graph)
-            else:
-                self._looked_at[graph] = graph.version   # looked at again only once ops are added
+            self._looked_at[graph] = graph.version   # an undecided graph: looked at again once ops are added
 
     def before_run(self, session) -> None:
         """Before `session` copies its graph into its runtime, when the graph grew since the
-        session's last copy (the patch checks that much on every run)."""
+        session's last copy (the patch checks that much on every run). The graph is looked at again
+        only if the ops added since the last look may hold batch norm."""
         graph = session.graph
         with self._lock:
-            self.first_use(graph)
+            if self._may_have_gained_batch_norm(graph):
+                if graph in self._synchronized:
+                    self._refuse_layers_added_after_the_rewrite(graph)
+                else:
+                    self.first_use(graph)
             self._copies.record(session, graph)
+
+    def _may_have_gained_batch_norm(self, graph) -> bool:
+        """False when the ops added since the last look include no op type a batch-norm match
+        starts from (graphsync.match.starting_types): one pass over those ops, not the graph."""
+        looked = self._looked_at.get(graph)
+        if looked is None:
+            return True
+        from graphsync import match, tf_private
+        starts = match.starting_types()
+        if looked != graph.version and starts is not None and \
+                not any(op.type in starts for op in tf_private.ops_added_since(graph, looked)):
+            self._looked_at[graph] = graph.version
+        return self._looked_at[graph] != graph.version
+
+    def _refuse_layers_added_after_the_rewrite(self, graph) -> None:
+        """Batch norm added to the towers of a graph after graphsync synchronized it would run
+        unsynchronized: one line (and with on_error='fail', the script stops before that run)."""
+        from graphsync.errors import GraphsyncError
+        self._looked_at[graph] = graph.version
+        try:
+            plan = _plan(graph, self._synchronized[graph])
+        except GraphsyncError:
+            return   # half built (a layer in some towers only): looked at again at the next run once it grew
+        if plan.layers:
+            del self._synchronized[graph]   # said once
+            count = f"{len(plan.layers)} batch-norm layer{'s' if len(plan.layers) > 1 else ''}"
+            self.failed(graph, f"graph {self._numbers[graph]}: {count} added to its towers after it was "
+                               f"synchronized (first: {plan.layers[0].sites[0].op.name}) would run unsynchronized: "
+                               "build the whole model before its first session or run, or call "
+                               "graphsync.rewrite_towers() after its last layer")
 
     def _refuse_if_already_copied(self, graph, number: int, options: dict) -> None:
         """A GraphsyncError when an open session already holds an op the rewrite would edit."""
         if not self._copies.held(graph):
             return   # the usual case: no open session has run this graph yet, nothing to plan twice
         from graphsync.errors import GraphsyncError
-        from graphsync.plan import make_plan
-        plan = make_plan(graph, options.get("towers"), options.get("device"),
-                         strategy=options.get("strategy", "gather"), group_size=options.get("group_size"),
-                         process_group=options.get("process_group"))
+        plan = _plan(graph, options)
         op = self._copies.first_held(graph, [site.op for layer in plan.layers for site in layer.sites])
         if op is not None:
             raise GraphsyncError(
@@ -151,6 +183,7 @@ class AutoSync:
                     else:
                         warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
         if report.changed:
+            self._synchronized[graph] = options
             self.rewritten(graph, report)
         else:
             self._say(f"graph {number} left alone: {report.summary}", verbose_only=True)
@@ -301,6 +334,13 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
         loader.exec_module = exec_then_call
         return spec
+
+
+def _plan(graph, options: dict):
+    """The plan rewrite_towers(graph, **options) would splice (graphsync.plan), the graph untouched."""
+    from graphsync.plan import make_plan
+    return make_plan(graph, options.get("towers"), options.get("device"), strategy=options.get("strategy", "gather"),
+                     group_size=options.get("group_size"), process_group=options.get("process_group"))
 
 
 def _one_line(text) -> str:

@@ -54,5 +54,5 @@ class SessionCopies:
         version = self.held(graph)
         if not version or not ops:
             return None
-        held = tf_private.created_by(graph, version)
-        return min((op for op in ops if held(op)), key=tf_private.creation_order, default=None)
+        return min((op for op in ops if tf_private.existed_at(op, version)), key=tf_private.creation_order,
+                   default=None)

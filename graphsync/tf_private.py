@@ -76,15 +76,22 @@ def session_is_open(session) -> bool:
     return not session._closed  # pylint: disable=protected-access
 
 
-def created_by(graph: tf.Graph, version: int):
-    """A test of whether an op of `graph` existed when `graph.version` was `version`.
+_FIRST_OP_ID = 2   # ids 0 and 1 of a TensorFlow graph are its C++ SOURCE and SINK nodes
 
-    TensorFlow numbers a graph's ops in creation order (Operation._id) and Graph.version counts the
-    ops created so far (no op is ever removed), so those ops are the `version` ones with the
-    smallest ids. Costs one pass over the graph; the test itself is a comparison."""
-    ids = sorted(op._id for op in graph.get_operations())  # pylint: disable=protected-access
-    last = ids[version - 1] if version > 0 else -1
-    return lambda op: op._id <= last  # pylint: disable=protected-access
+
+def existed_at(op: tf.Operation, version: int) -> bool:
+    """Whether `op` existed when its graph's version was `version`.
+
+    TensorFlow numbers a graph's ops in creation order from 2 (Operation._id) and Graph.version
+    counts the ops created so far (none is ever removed): the first `version` ops carry the ids
+    2 … version + 1."""
+    return op._id < version + _FIRST_OP_ID  # pylint: disable=protected-access
+
+
+def ops_added_since(graph: tf.Graph, version: int) -> list:
+    """The ops created since `graph.version` was `version`, oldest first; costs their number only."""
+    by_id = graph._nodes_by_id  # pylint: disable=protected-access
+    return [by_id[i] for i in range(version + _FIRST_OP_ID, graph.version + _FIRST_OP_ID) if i in by_id]
 
 
 def creation_order(op: tf.Operation) -> int:

@@ -175,8 +175,9 @@ def test_a_new_session_while_the_one_that_ran_tower_0_is_open_is_refused_too():
     assert len(graph.get_operations()) == before                                  # untouched
 
 
-def test_runs_of_an_unchanged_graph_do_not_look_at_it_again():
-    """The per-run check is a version comparison: a graph is looked at only when it grew."""
+def test_a_graph_is_looked_at_again_only_when_it_gained_ops_that_may_be_batch_norm():
+    """The per-run check is a version comparison; a graph that grew is looked at again only if the
+    ops added include a type some batch-norm form starts from (one pass over those ops)."""
     looks = []
 
     class Counting(graphsync.AutoSync):
@@ -186,11 +187,56 @@ def test_runs_of_an_unchanged_graph_do_not_look_at_it_again():
 
     with Counting(stream=io.StringIO()), tf.Graph().as_default():
         sess = tf1.Session(config=tower_model.CONFIG)
-        x = tf.constant(1.0)
+        x = tf.ones([2, 1, 1, 3])
         for _ in range(3):
             sess.run(x)
         y = x + 1
-        for _ in range(3):
-            sess.run(y)
+        sess.run(y)
+        sess.run(y)
+        version = tf1.get_default_graph().version
+        z, _, _ = tf1.nn.fused_batch_norm(y, tf.ones([3]), tf.zeros([3]))
+        sess.run(z)
+        sess.run(z)
         sess.close()
-    assert looks == [0, 1, 3]     # at the session's creation, then once per version of the graph, not per run
+    assert len(looks) == 2 and looks[0] == 0 and looks[1] > version   # at the session's creation; after the batch norm
+
+
+def _late_layer(sizes):
+    """A fused batch norm added to every tower of the default graph: its outputs, and their feed."""
+    images, _ = tower_model.data(sum(sizes))
+    outputs, feed, start = [], {}, 0
+    for i, size in enumerate(sizes):
+        with tf.device(f"/cpu:{i}"), tf1.name_scope(f"tower_{i}/"):       # back into the tower's scope
+            x = tf1.placeholder(tf.float32, (None,) + tower_model.IMAGE, name="late_images")
+            y, _, _ = tf1.nn.fused_batch_norm(x, tf.ones([3]), tf.zeros([3]), name="late_bn")
+            outputs.append(tf.nn.relu(y))
+            feed[x] = images[start:start + size]
+            start += size
+    return outputs, feed
+
+
+@pytest.mark.parametrize("on_error", ["warn", "fail"])
+def test_batch_norm_added_to_the_towers_after_the_rewrite_is_not_silent(on_error):
+    said = io.StringIO()
+    with graphsync.AutoSync(on_error=on_error, stream=said), tf.Graph().as_default() as graph:
+        train_op, feed = tower_model.build([3, 5])
+        with tf1.Session(config=tower_model.CONFIG) as sess:        # rewritten here
+            sess.run(tf1.global_variables_initializer())
+            sess.run(train_op, feed)
+            saver = tf1.train.Saver()                               # grows, no batch norm: nothing said
+            sess.run(train_op, feed)
+            outputs, late_feed = _late_layer([3, 5])
+            if on_error == "fail":
+                with pytest.raises(SystemExit):
+                    sess.run(outputs, late_feed)
+            else:
+                sess.run(outputs, late_feed)
+                sess.run(outputs, late_feed)
+        assert saver is not None
+    late = ("graphsync: {}: graph 1: 1 batch-norm layer added to its towers after it was synchronized "
+            "(first: tower_0/late_bn) would run unsynchronized: build the whole model before its first session "
+            "or run, or call graphsync.rewrite_towers() after its last layer")
+    kind = {"warn": "warning", "fail": "error"}[on_error]
+    suffix = " (running unsynchronized)" if on_error == "warn" else ""
+    assert said.getvalue().splitlines() == [SUMMARY, late.format(kind) + suffix]
+    assert graph.version > 0

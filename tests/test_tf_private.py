@@ -181,8 +181,13 @@ def test_graph_version_counts_ops_and_ids_follow_creation():
         first = [tf.constant(float(i)) for i in range(3)]
         version = graph.version
         later = [tf.identity(first[0]) for _ in range(2)]
-    assert version == 3 and graph.version == 5
-    existed = tf_private.created_by(graph, version)
-    assert [existed(op.op) for op in first + later] == [True] * 3 + [False] * 2
-    assert not any(map(tf_private.created_by(graph, 0), graph.get_operations()))
-    assert sorted(graph.get_operations(), key=tf_private.creation_order) == [t.op for t in first + later]
+        with tf.Graph().as_default() as other:
+            tf.constant(0.0)
+        tf1.import_graph_def(other.as_graph_def(), name="imported")
+    assert version == 3 and graph.version == 6
+    assert [tf_private.existed_at(t.op, version) for t in first + later] == [True] * 3 + [False] * 2
+    assert not any(tf_private.existed_at(op, 0) for op in graph.get_operations())
+    assert [op.name for op in tf_private.ops_added_since(graph, version)] == \
+        [t.op.name for t in later] + ["imported/Const"]
+    assert tf_private.ops_added_since(graph, graph.version) == []
+    assert sorted(graph.get_operations(), key=tf_private.creation_order)[:5] == [t.op for t in first + later]

@@ -40,7 +40,7 @@ ON_ERROR = ("fail", "warn")
 
 
 class AutoSync:
-    """Rewrites every multi-tower graph once, before its first session or its finalization.
+    """Rewrites every multi-tower graph once, before its first session, finalization or run.
 
     options:  keyword arguments of rewrite_towers (towers, device, strategy, group_size).
     on_error: 'fail' — a graph that cannot be rewritten stops the script (one line on stderr,

@@ -14,9 +14,11 @@ imported (by the script, whenever it does), three entry points are patched:
 
 Each hands the graph to `AutoSync.first_use`, which rewrites it at most once: graphs without
 towers or without batch norm, and graphs the script rewrote itself with `rewrite_towers()`, are
-left alone. Before a run the check is one version comparison (graphsync.session_copies), and the
-graph is looked at only when it grew since that session's last run. A rewrite that would edit ops
-an open session already holds is refused (its edits would be silently ignored by that session). The per-graph choice is `AutoSync.options_for(graph)` (None:
+left alone. Before a run the check is one version comparison (graphsync.session_copies); the
+graph is looked at again only when it gained ops that may be batch norm since the last look. A
+rewrite that would edit ops an open session already holds is refused (that session would ignore
+the edits), and batch norm added to the towers after the rewrite is reported: never an
+unsynchronized step without a line. The per-graph choice is `AutoSync.options_for(graph)` (None:
 leave it alone), and the patch table is `AutoSync.patch_points()`: a subclass extends either
 without touching the rest.
 
@@ -97,7 +99,7 @@ class AutoSync:
                 return
             if self._rewrite(graph, number, options):
                 self._decided.add(graph)
-            self._looked_at[graph] = graph.version   # an undecided graph: looked at again once ops are added
+            self._looked_at[graph] = graph.version   # undecided: looked at again once ops are added
 
     def before_run(self, session) -> None:
         """Before `session` copies its graph into its runtime, when the graph grew since the

@@ -56,7 +56,8 @@ def main(argv=None):
             rows.append(dict(fetch=label, plain=1e6 * _common.median(per_run["python"]),
                              ours=1e6 * _common.median(per_run["graphsync run"]), extra=1e6 * _common.median(extra),
                              lo=1e6 * min(extra), hi=1e6 * max(extra),
-                             ratio=_common.median([o / p for o, p in zip(per_run["graphsync run"], per_run["python"])])))
+                             ratio=_common.median([o / p for o, p in zip(per_run["graphsync run"],
+                                                                          per_run["python"])])))
 
         copies = autosync._copies                                  # the check the patch makes on every run
         copies.record(sess, graph)

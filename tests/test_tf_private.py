@@ -150,6 +150,8 @@ def test_every_way_into_a_sessions_runtime_goes_through_its_extend_method():
     that copy ignores later edits of the ops it holds (why graphsync must rewrite before it)."""
     session_class = tf_private.session_base_class()
     name = tf_private.session_extend_method()
+    assert name in session_class.__dict__ and not any(name in cls.__dict__ for cls in
+                                                      (tf1.Session, tf1.InteractiveSession))   # patched once, for all
     original, calls = getattr(session_class, name), []
 
     def counting(session):

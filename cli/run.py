@@ -1,5 +1,5 @@
 """`graphsync run`: an unchanged training script, run as `python` would, with every multi-tower
-graph synchronized just before its first session or finalization (see graphsync.autosync).
+graph synchronized just before its first session, finalization or run (see graphsync.autosync).
 
 The script gets what `python SCRIPT ARGS` (or `python -m MODULE ARGS`) gives it: sys.argv,
 __name__ == "__main__", __file__, sys.path[0], the same standard streams, its exit status, and an
@@ -78,9 +78,12 @@ def run(module, towers, device, strategy, group_size, peer_timeout, report_path,
     """Run a training script unchanged, with every batch norm of every tower synchronized.
 
     Each multi-tower graph is rewritten once, just before the first session is created on it
-    (tf.compat.v1.Session, InteractiveSession, MonitoredTrainingSession, Supervisor …) or before
-    it is finalized, whichever comes first; stderr gets one line per rewritten graph. Graphs
-    without towers or without batch norm, and graphs the script rewrites itself, are left alone.
+    (tf.compat.v1.Session, InteractiveSession, MonitoredTrainingSession, Supervisor …), before
+    it is finalized, or, for a session opened before the towers were built, at its first run
+    after they exist; stderr gets one line per rewritten graph. Graphs without towers or without
+    batch norm, and graphs the script rewrites itself, are left alone. A tower that an open
+    session already ran before the others were built cannot be synchronized: one line, and exit
+    status 1 (or, with --on-error=warn, the script runs on unsynchronized).
 
     On a between-graph worker (its cluster and task from the tf.distribute.Server the script
     creates, else from TF_CONFIG), the towers of every worker process are synchronized together

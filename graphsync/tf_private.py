@@ -64,6 +64,41 @@ def session_base_class() -> type:
     return session.BaseSession
 
 
+def session_extend_method() -> str:
+    """The BaseSession method that copies the ops added to the graph since the session's last call
+    into its runtime, before every `run`, `partial_run_setup`, `make_callable` and callable from
+    options (`partial_run` steps reuse their setup's copy). Ops edited after a session copied them
+    keep running in that session as they were."""
+    return "_extend_graph"
+
+
+def session_is_open(session) -> bool:
+    return not session._closed  # pylint: disable=protected-access
+
+
+_FIRST_OP_ID = 2   # ids 0 and 1 of a TensorFlow graph are its C++ SOURCE and SINK nodes
+
+
+def existed_at(op: tf.Operation, version: int) -> bool:
+    """Whether `op` existed when its graph's version was `version`.
+
+    TensorFlow numbers a graph's ops in creation order from 2 (Operation._id) and Graph.version
+    counts the ops created so far (none is ever removed): the first `version` ops carry the ids
+    2 … version + 1."""
+    return op._id < version + _FIRST_OP_ID  # pylint: disable=protected-access
+
+
+def ops_added_since(graph: tf.Graph, version: int) -> list:
+    """The ops created since `graph.version` was `version`, oldest first; costs their number only."""
+    by_id = graph._nodes_by_id  # pylint: disable=protected-access
+    return [by_id[i] for i in range(version + _FIRST_OP_ID, graph.version + _FIRST_OP_ID) if i in by_id]
+
+
+def creation_order(op: tf.Operation) -> int:
+    """A key that sorts ops in the order they were created."""
+    return op._id  # pylint: disable=protected-access
+
+
 def make_server_def(server_or_cluster_def, job_name, task_index, protocol, config):
     """The tf.train.ServerDef that tf.distribute.Server(...) builds from its arguments."""
     from tensorflow.python.training import server_lib  # pylint: disable=import-outside-toplevel

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from graphsync.match import fused, moments
+from graphsync.match import fused, hidden, moments
 from graphsync.match.candidate import Candidate
 from graphsync.match.fused import (FUSED_TYPES, GRAPHSYNC_GRADIENTS, fused_gradient_ops, is_live,
                                    is_training, made_by_graphsync)
@@ -28,7 +28,17 @@ FORMS = (fused, moments)
 
 __all__ = ["Candidate", "FORMS", "FUNCTION_CALL_TYPES", "FUSED_TYPES", "GRAPHSYNC_GRADIENTS", "SHAPE_TYPES",
            "called_functions", "candidates", "functions_with_training_batch_norm", "fused_gradient_ops",
-           "gradient_entry", "gradient_scopes", "is_live", "is_training", "made_by_graphsync"]
+           "gradient_entry", "gradient_scopes", "is_live", "is_training", "made_by_graphsync", "starting_types"]
+
+
+def starting_types() -> frozenset | None:
+    """Every op type a form's match starts from (each module's STARTS, and the calls `hidden` looks
+    into): ops added to a graph that include none of these add no batch norm, so `graphsync run`
+    need not look at the graph again. None when a form does not say (no STARTS): any op may."""
+    modules = FORMS + (hidden,)
+    if not all(hasattr(module, "STARTS") for module in modules):
+        return None
+    return frozenset(t for module in modules for t in module.STARTS)
 
 
 def candidates(graph: tf.Graph) -> list[Candidate]:

@@ -13,6 +13,8 @@ import tensorflow as tf
 
 from graphsync.match.candidate import Candidate
 
+STARTS = ("SquaredDifference",)   # the op types candidates() starts from (see match.starting_types)
+
 
 def _const_axes(op: tf.Operation, rank: int):
     axes = tf.get_static_value(op.inputs[1])

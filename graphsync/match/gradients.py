@@ -32,3 +32,13 @@ def gradient_entry(grad_ops: list, forward_inputs) -> tf.Tensor | None:
     if len(entries) != 1:
         return None
     return next(iter(entries)).deref()
+
+
+def entry_readers(entry: tf.Tensor, call: str, scopes: dict, forward_ops) -> tuple:
+    """The ops of gradient call `call` that read `entry` to differentiate `forward_ops`: their
+    gradient functions' ops, and the AddN ops that sum it into the gradient of one of their
+    tensors — Sub and Add pass a gradient through unchanged when the shapes agree, so the ops that
+    read it may belong to an op upstream."""
+    own = {op for forward in forward_ops for op in scopes.get(forward.name, {}).get(call, [])}
+    return tuple(op for op in entry.consumers()
+                 if op in own or (op.type == "AddN" and any(c in own for c in op.outputs[0].consumers())))

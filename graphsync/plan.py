@@ -242,6 +242,9 @@ def _moments_grads(cand, scopes) -> list[MomentsGrad]:
         for op, calls in ((mean_op, mean_calls), (variance_op, variance_calls)):
             ops = calls.get(call, [])
             entry = match.gradient_entry(ops, list(op.inputs) + list(op.outputs)) if ops else None
+            if not ops and "statistics" in cand.parts:   # a gradient handed on unchanged (Add, Sub)
+                entry = match.passed_through_entry(op, call, scopes, cand.parts["statistics"])
+                ops = [op] if any(scopes.get(t.op.name, {}).get(call) for t in op.inputs) else []
             if ops and entry is None:
                 raise GraphsyncError(
                     f"cannot tell which tensor is the incoming gradient of {op.name} in {call}/: "

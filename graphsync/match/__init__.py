@@ -29,14 +29,15 @@ from graphsync.match import fused, handwritten, moments, sufficient
 from graphsync.match.candidate import Candidate
 from graphsync.match.fused import (FUSED_TYPES, GRAPHSYNC_GRADIENTS, fused_gradient_ops, is_live,
                                    is_training, made_by_graphsync)
-from graphsync.match.gradients import SHAPE_TYPES, entry_readers, gradient_entry, gradient_scopes
+from graphsync.match.gradients import (SHAPE_TYPES, entry_readers, gradient_entry, gradient_scopes,
+                                       passed_through_entry)
 from graphsync.match.hidden import FUNCTION_CALL_TYPES, called_functions, functions_with_training_batch_norm
 
 FORMS = (fused, moments, handwritten, sufficient)
 
 __all__ = ["Candidate", "FORMS", "FUNCTION_CALL_TYPES", "FUSED_TYPES", "GRAPHSYNC_GRADIENTS", "SHAPE_TYPES",
            "called_functions", "candidates", "entry_readers", "functions_with_training_batch_norm", "fused_gradient_ops",
-           "gradient_entry", "gradient_scopes", "is_live", "is_training", "made_by_graphsync"]
+           "gradient_entry", "gradient_scopes", "is_live", "is_training", "made_by_graphsync", "passed_through_entry"]
 
 
 def candidates(graph: tf.Graph) -> list[Candidate]:

@@ -9,6 +9,7 @@ One module per form of batch norm; each offers `candidates(graph) -> list[Candid
     handwritten  mean and variance by hand: E[(x − m)²] or E[x²] − m²,      "moments"
                  Mean or Sum / count; sufficient_statistics without shift
     sufficient   sufficient_statistics + normalize_moments with a shift     "moments"
+    weighted     tf.nn.weighted_moments: found, always left with the reason   "weighted"
 
 Every "moments" candidate hands the splice parts x, variance (op), axes and keep_dims; the forms
 differ only in how they are found.
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from graphsync.match import fused, handwritten, moments, sufficient
+from graphsync.match import fused, handwritten, moments, sufficient, weighted
 from graphsync.match.candidate import Candidate
 from graphsync.match.fused import (FUSED_TYPES, GRAPHSYNC_GRADIENTS, fused_gradient_ops, is_live,
                                    is_training, made_by_graphsync)
@@ -33,7 +34,7 @@ from graphsync.match.gradients import (SHAPE_TYPES, entry_readers, gradient_entr
                                        passed_through_entry)
 from graphsync.match.hidden import FUNCTION_CALL_TYPES, called_functions, functions_with_training_batch_norm
 
-FORMS = (fused, moments, handwritten, sufficient)
+FORMS = (fused, moments, handwritten, sufficient, weighted)
 
 __all__ = ["Candidate", "FORMS", "FUNCTION_CALL_TYPES", "FUSED_TYPES", "GRAPHSYNC_GRADIENTS", "SHAPE_TYPES",
            "called_functions", "candidates", "entry_readers", "functions_with_training_batch_norm", "fused_gradient_ops",

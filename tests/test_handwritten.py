@@ -147,3 +147,19 @@ def test_weighted_moments_left_per_tower_with_a_reason():
     assert not report.changed
     reasons = [s.reason for s in report.skipped]
     assert len(reasons) == 2 and all("weighted moments" in r for r in reasons), reasons
+
+
+def test_a_sum_over_the_wrong_count_is_no_mean():
+    """Σ over the batch and the pixels divided by the batch size alone is not a mean: left alone."""
+    graph = tf.Graph()
+    with graph.as_default():
+        for i in range(2):
+            with tf1.name_scope(f"tower_{i}/"):
+                h = tf1.placeholder(tf.float32, [None, 4, 4, 3])
+                right = tf.reduce_sum(h, [0, 1, 2]) / (tf.cast(tf.shape(h)[0], tf.float32) * 16.0)
+                wrong = tf.reduce_sum(h, [0, 1, 2]) / tf.cast(tf.shape(h)[0], tf.float32)
+                for mean in (right, wrong):
+                    variance = tf.reduce_mean(tf.square(h - mean), [0, 1, 2])
+                    tf.nn.batch_normalization(h, mean, variance, None, None, 1e-3)
+    report = graphsync.rewrite_towers(graph)
+    assert [l.tower_ops[0] for l in report.layers] == ["tower_0/truediv"], str(report)

@@ -9,7 +9,7 @@ One module per form of batch norm; each offers `candidates(graph) -> list[Candid
     handwritten  mean and variance by hand: E[(x − m)²] or E[x²] − m²,      "moments"
                  Mean or Sum / count; sufficient_statistics without shift
     sufficient   sufficient_statistics + normalize_moments with a shift     "moments"
-    weighted     tf.nn.weighted_moments: found, always left with the reason   "weighted"
+    weighted     tf.nn.weighted_moments: found, always left with the reason "weighted"
 
 Every "moments" candidate hands the splice parts x, variance (op), axes and keep_dims; the forms
 differ only in how they are found.
@@ -20,6 +20,7 @@ Helpers every form may use:
     gradients   gradient calls found by the scopes tf.gradients names after a forward op
     hidden      function bodies (If, While, calls) that hide a training batch norm
     reductions  a mean in any spelling; whether statistics are batch statistics that normalize x
+    counts      whether a divisor is the number of elements a Sum reduces
     ghost       ghost batch norm (virtual_batch_size): sub-batch statistics, always left alone
 """
 from __future__ import annotations

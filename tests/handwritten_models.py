@@ -2,6 +2,8 @@
 `model(x) -> (output, update_ops)` with its moving averages (tests/test_handwritten.py)."""
 from __future__ import annotations
 
+import functools
+
 import tensorflow as tf
 
 import models
@@ -99,6 +101,27 @@ def _sufficient(x, name, shift=False):
     return y, [_assign(mm, mean), _assign(mv, variance)]
 
 
+def _weighted(x, name, weights):
+    """tf.nn.weighted_moments with per-example or per-pixel weights (keepdims=False)."""
+    gamma, beta, mm, mv = _affine(name, x.shape[-1], x.dtype)
+    axes = list(range(x.shape.rank - 1))
+    mean, variance = tf.nn.weighted_moments(x, axes, weights)
+    y = tf.nn.batch_normalization(x, mean, variance, beta, gamma, EPSILON)
+    return y, [_assign(mm, mean), _assign(mv, variance)]
+
+
+def pixel_mask(images):
+    """A segmentation-style mask of ignored pixels, from the data (so it differs between towers)."""
+    return tf.cast(images[..., :1] > -1.0, images.dtype)
+
+
+def example_weights(images):
+    """Per-example weights in (0, 1), from the data, stopped."""
+    return tf.stop_gradient(tf.sigmoid(tf.reduce_mean(images, list(range(1, images.shape.rank)), keepdims=True)))
+
+
+WEIGHTS = {"weighted-pixel": pixel_mask, "weighted-example": example_weights}
+
 FORMS = {
     "sub-square": _sub_square,
     "sqdiff-keepdims": _sqdiff_keepdims,
@@ -113,9 +136,8 @@ FORMS = {
 def conv_net(form, depth=2, layer_norm=False):
     """conv → hand-written batch norm → relu, `depth` times; a hand-written layer norm after the
     first block when asked; global average pooling and a dense head."""
-    bn = FORMS[form]
-
     def model(x):
+        bn = FORMS[form] if form in FORMS else functools.partial(_weighted, weights=WEIGHTS[form](x))
         updates, h = [], x
         for i in range(depth):
             h = models._conv_as(h, 4, f"conv{i}")
@@ -135,9 +157,8 @@ def conv_net(form, depth=2, layer_norm=False):
 
 def dense_net(form, depth=2):
     """Dense → hand-written batch norm over axis 0 → relu (2-D activations)."""
-    bn = FORMS[form]
-
     def model(x):
+        bn = FORMS[form] if form in FORMS else functools.partial(_weighted, weights=tf.reshape(WEIGHTS[form](x), [-1, 1]))
         updates = []
         h = tf.reshape(x, [-1, x.shape[1] * x.shape[2] * x.shape[3]])
         for i in range(depth):

@@ -42,8 +42,7 @@ def keras_ghost():
 MODELS = {"layers": layers_ghost, "keras": keras_ghost()}
 
 
-@pytest.mark.parametrize("model_key,batch_sizes", [("layers", [4, 4, 4]), ("layers", [4, 6, 2]),
-                                                   ("keras", [4, 4]), ("keras", [2, 6, 4])])
+@pytest.mark.parametrize("model_key,batch_sizes", [("layers", [4, 4]), ("layers", [4, 6, 2]), ("keras", [2, 6])])
 def test_left_alone_and_named(model_key, batch_sizes):
     x, t = tl.data(batch_sizes, (6, 6, 3), (5,))
     original = tl.run_step(tl.build(MODELS[model_key], batch_sizes), x, t, batch_sizes)

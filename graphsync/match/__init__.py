@@ -9,10 +9,10 @@ One module per form of batch norm; each offers `candidates(graph) -> list[Candid
     handwritten  mean and variance by hand: E[(x − m)²] or E[x²] − m²,      "moments"
                  Mean or Sum / count; sufficient_statistics without shift
     sufficient   sufficient_statistics + normalize_moments with a shift     "moments"
-    weighted     tf.nn.weighted_moments: found, always left with the reason "weighted"
+    weighted     tf.nn.weighted_moments, weights per example or pixel      "moments"
 
-Every "moments" candidate hands the splice parts x, variance (op), axes and keep_dims; the forms
-differ only in how they are found.
+Every "moments" candidate hands the splice parts x, variance (op), axes and keep_dims (and
+weights, for weighted moments); the forms differ only in how they are found.
 
 Helpers every form may use:
 

@@ -44,6 +44,7 @@ class MomentsGrad:
     mean_readers: tuple
     variance: tf.Tensor | None
     variance_readers: tuple
+    shifted_mean_readers: tuple = ()   # ops of the call that read a shifted mean (match/sufficient.py)
 
 
 @dataclasses.dataclass
@@ -211,7 +212,7 @@ def _layer_plan(name: str, per_tower, scopes) -> LayerPlan:
         if sig != attrs[0]:
             diff = ", ".join(f"{k}: {attrs[0][k]} vs {sig[k]}" for k in sig if sig[k] != attrs[0][k])
             raise GraphsyncError(f"{first.name} and {op.name} are paired as layer {name!r} but differ ({diff})")
-    rank = first.inputs[0].shape.rank
+    rank = _input(per_tower[0][1]).shape.rank
     if rank is None:
         raise GraphsyncError(f"{first.name}: the rank of its input is unknown; set a static rank")
     if kind == "moments":
@@ -241,22 +242,36 @@ def _moments_grads(cand, scopes) -> list[MomentsGrad]:
         for op, calls in ((mean_op, mean_calls), (variance_op, variance_calls)):
             ops = calls.get(call, [])
             entry = match.gradient_entry(ops, list(op.inputs) + list(op.outputs)) if ops else None
+            if not ops and "statistics" in cand.parts:   # a gradient handed on unchanged (Add, Sub)
+                entry = match.passed_through_entry(op, call, scopes, cand.parts["statistics"])
+                ops = [op] if any(scopes.get(t.op.name, {}).get(call) for t in op.inputs) else []
             if ops and entry is None:
                 raise GraphsyncError(
                     f"cannot tell which tensor is the incoming gradient of {op.name} in {call}/: "
                     "rewrite before building the gradients")
-            entries += [entry, tuple(o for o in ops if entry is not None and entry in list(o.inputs))]
-        grads.append(MomentsGrad(call, *entries))
+            if entry is not None and "statistics" in cand.parts:
+                entries += [entry, match.entry_readers(entry, call, scopes, cand.parts["statistics"])]
+            else:
+                entries += [entry, tuple(o for o in ops if entry is not None and entry in list(o.inputs))]
+        shifted = cand.parts.get("shifted_mean")
+        readers = tuple(o for o in scopes.get(cand.parts["square"].name, {}).get(call, [])
+                        if any(t is shifted for t in o.inputs)) if shifted is not None else ()
+        grads.append(MomentsGrad(call, *entries, readers))
     return grads
+
+
+def _input(cand) -> tf.Tensor:
+    """The activation a layer normalizes."""
+    return cand.parts.get("x", cand.op.inputs[0])
 
 
 def _signature(cand) -> dict:
     """The attributes paired ops must share."""
     op = cand.op
     if cand.kind == "moments":
-        return {"kind": "moments", "axes": cand.parts["axes"], "dtype": op.inputs[0].dtype.name,
-                "rank": op.inputs[0].shape.rank, "statistics shape": str(op.outputs[0].shape[1:]),
-                "keep_dims": op.get_attr("keep_dims")}
+        x = _input(cand)
+        return {"kind": "moments", "axes": cand.parts["axes"], "dtype": x.dtype.name, "rank": x.shape.rank,
+                "statistics shape": str(op.outputs[0].shape[1:]), "keep_dims": cand.parts["keep_dims"]}
     channels = op.inputs[1].shape[0] if op.inputs[1].shape.rank == 1 else None
     return {"kind": op.type, "channels": channels, "dtype": op.inputs[0].dtype.name,
             "rank": op.inputs[0].shape.rank, "epsilon": op.get_attr("epsilon"),
@@ -272,7 +287,8 @@ def fingerprints(plan: Plan) -> list[str]:
     lines = []
     for layer in plan.layers:
         op = layer.sites[0].op
-        lines.append(f"{layer.name} {op.type} {op.inputs[0].dtype.name} {op.inputs[0].shape[1:]} "
+        x = layer.sites[0].parts.get("x", op.inputs[0])
+        lines.append(f"{layer.name} {op.type} {x.dtype.name} {x.shape[1:]} "
                      f"axes={layer.layout.axes} eps={layer.epsilon:g} avg={layer.avg_factor:g} "
                      f"towers={len(layer.sites)} gradients={len(layer.sites[0].grad_ops)}")
     return lines

@@ -156,7 +156,7 @@ def _pack_moments(spread):
         m, v = _flat(ops, mean, f64), _flat(ops, spread_value, f64)
         channels = m.shape.num_elements() or ops.cast(tf.size(m), f64)
         n = ops.binary("RealDiv", ops.cast(size, f64), float(channels) if isinstance(channels, int) else channels)
-        weight = ops.unary("Relu", ops.binary("Sub", n, 1.0)) if spread == "bessel" else ops.binary("Minimum", n, 1.0)
+        weight = ops.unary("Relu", ops.binary("Sub", n, 1.0)) if spread == "bessel" else ops.unary("Sign", n)
         m2 = ops.binary("MulNoNan", v, weight)
         weighted = ops.binary("MulNoNan", m, n)
         cross = weighted

@@ -96,8 +96,8 @@ class AutoSync:
             warnings.simplefilter("always", GraphsyncWarning)
             try:
                 report = rewrite_towers(graph, **options)
-            except NoTowersError as exc:
-                self._say(f"graph {number} left alone: {_one_line(exc)}", verbose_only=True)
+            except NoTowersError as exc:   # said by default when scopes look like towers
+                self._say(f"graph {number} left alone: {_one_line(exc)}", verbose_only=not exc.parallel_structure)
                 return False
             except GraphsyncError as exc:
                 self.failed(graph, _one_line(exc))

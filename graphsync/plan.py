@@ -14,7 +14,7 @@ import tensorflow as tf
 from graphsync import match, tf_private, tower_names, tower_structure
 from graphsync.errors import GraphsyncError, NoTowersError
 from graphsync.stats import Layout
-from graphsync.towers import ROOT, Tower, find_towers, tower_of
+from graphsync.towers import ROOT, Tower, conventional_families, find_towers, known_convention, tower_of
 
 
 @dataclasses.dataclass
@@ -122,8 +122,8 @@ def _match_and_pair(graph: tf.Graph, towers, device, process_group) -> Plan:
     explicit = towers is not None
     hidden = _calls_hiding_batch_norm(graph)
     found_towers = find_towers([c.name for c in candidates] + [op.name for op in hidden], towers)
-    found_by, left_out = ("towers= option" if explicit else "known name") if found_towers else "", []
-    if not found_towers and not explicit and live:
+    found_by, left_out = ("towers= option" if explicit else known_convention(found_towers)) if found_towers else "", []
+    if not explicit and live and not _known_names_suffice(found_towers, live):
         by_structure = tower_structure.discover(graph, live)
         if by_structure is not None:
             found_towers, found_by, left_out = by_structure.towers, by_structure.how, by_structure.left_out
@@ -169,6 +169,13 @@ def _match_and_pair(graph: tf.Graph, towers, device, process_group) -> Plan:
     if layers and not device:
         device = default_device(layers[0].sites[0].op)
     return Plan(found_towers, device or "", layers, skipped, found_by=found_by)
+
+
+def _known_names_suffice(found_towers, live) -> bool:
+    """The fast path: two or more scoped towers of one known convention, which structure need
+    not confirm (several conventions, or nested ones, are left to graphsync/tower_structure.py)."""
+    return sum(t.prefix != ROOT for t in found_towers) >= 2 and \
+        len(conventional_families([c.name for c in live])) == 1
 
 
 def _drop_unpaired_root(towers, by_layer, explicit):

@@ -22,6 +22,7 @@ walks from its entry points; names only are looked at for every other family.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections import Counter
 
 import tensorflow as tf
@@ -81,7 +82,7 @@ def discover(graph: tf.Graph, live: list) -> Found | None:
         raise GraphsyncError(
             f"the scopes {verdict.family.label} ({', '.join(p or '(root)' for _, p in verdict.members)}) look "
             f"like towers but qualify only partly: {verdict.missing}; pick the towers with "
-            f"towers={verdict.complete_members!r} (the complete ones), or make every tower build the same layers")
+            f"towers={_option(verdict.complete_members)} (the complete ones), or make every tower build the same layers")
     prefixes, how = _nested(analysis, families, verdict)
     towers = [Tower(i, p) for i, p in enumerate(prefixes)]
     return Found(towers, f"structure: {how}", verdict.left_out)
@@ -111,8 +112,16 @@ def parallel_scopes(graph: tf.Graph, live: list) -> str | None:
             if verdict is not None and verdict.complete:
                 return (f"the scopes {', '.join(prefixes)} hold the same batch norms in parallel, each on its "
                         f"own examples, but their names differ by more than an index; if they are towers, "
-                        f"pass towers={sorted(prefixes)!r}")
+                        f"pass towers={_option(sorted(prefixes))}")
     return None
+
+
+def _option(prefixes) -> str:
+    """The towers= value naming exactly these prefixes: a regular expression, or a list when
+    the root is one of them."""
+    if "" in prefixes:
+        return repr(list(prefixes))
+    return repr("|".join(re.escape(p) for p in prefixes))
 
 
 def _inside(family, verdict) -> bool:
@@ -195,8 +204,11 @@ class _Analysis:
 
     def _judge(self, family, need_same_layers) -> _Verdict | None:
         scoped = [p for _, p in family.members if p != family.parent]
+        members = family.members
+        if len(scoped) == len(members):
+            members = list(zip([i for i, _ in members], _extended(self, members)))
         per_member = {}
-        for index, prefix in family.members:
+        for index, prefix in members:
             if prefix == family.parent and len(scoped) < len(family.members):
                 names = [n for n in self.under(prefix) if not any(n.startswith(p) for p in scoped)]
             else:

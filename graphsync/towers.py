@@ -92,12 +92,18 @@ def find_towers(op_names: Sequence[str], towers=None) -> list[Tower]:
     return _ordered(prefixes)
 
 
-def _discover(op_names: Sequence[str]) -> list[Tower]:
+def conventional_families(op_names: Sequence[str]) -> dict[str, set[str]]:
+    """family (parent scope + stem) → the tower prefixes of that convention among `op_names`."""
     families: dict[str, set[str]] = {}
     for name in op_names:
         found = conventional_prefix(name)
         if found:
             families.setdefault(found[1], set()).add(found[0])
+    return families
+
+
+def _discover(op_names: Sequence[str]) -> list[Tower]:
+    families = conventional_families(op_names)
     if not families:
         return []
     # Several conventions in one graph: the one with most towers is the replication.
@@ -107,6 +113,16 @@ def _discover(op_names: Sequence[str]) -> list[Tower]:
     if 0 not in indices:
         prefixes = prefixes | {ROOT}  # kept only if the root holds counterparts (see pairing)
     return _ordered(prefixes)
+
+
+def known_convention(towers: Sequence[Tower]) -> str:
+    """How the known names found `towers`, for inspect: e.g. 'known name tower_%d' ('/v%d' for
+    tf_cnn_benchmarks, '+ (root)' for an unscoped first replica)."""
+    scoped = [t.prefix for t in towers if t.prefix != ROOT]
+    if not scoped:
+        return "known name"
+    template = re.sub(r"\d+", "%d", scoped[0].rstrip("/"))
+    return f"known name {template}" + (" + (root)" if len(scoped) < len(towers) else "")
 
 
 def tower_of(name: str, towers: Sequence[Tower]) -> Tower | None:

@@ -1,7 +1,8 @@
-"""Which name scopes are towers.
+"""Which name scopes are towers: the known names (a fast path) and the towers= option.
 
-Real TF1 code names its replicas in a handful of ways; scopes, not devices, identify them (slim's
-`clone_on_cpu` puts every clone on one device):
+Towers are found by structure (graphsync/tower_structure.py, over the names tower_names.py
+proposes) whenever these names do not settle it. Scopes, not devices, identify towers (slim's
+`clone_on_cpu` puts every clone on one device). The known names:
 
     tower_0/…          the TensorFlow CIFAR10 multi-GPU example
     tower_0/v0/…       tf_cnn_benchmarks (variable scope v<i> inside the tower's name scope)

@@ -184,15 +184,24 @@ class _Analysis:
         self._no_bn_upstream: set = set()
         self._parameter: dict = {}
         self._judged: dict = {}
+        self._under = None
 
     def under(self, prefix: str) -> list[str]:
-        return [n for n in self.names if n.startswith(prefix)]
+        """The batch norms whose names start with the scope `prefix` ('' or ending in '/')."""
+        if self._under is None:
+            self._under = {"": self.names}
+            for name in self.names:
+                end = name.find("/")
+                while end != -1:
+                    self._under.setdefault(name[:end + 1], []).append(name)
+                    end = name.find("/", end + 1)
+        return self._under.get(prefix, [])
 
     def ops_of(self, family) -> list[str]:
         return self.ops_of_members(family.members)
 
     def ops_of_members(self, members) -> list[str]:
-        return [n for n in self.names if any(p and n.startswith(p) for _, p in members)]
+        return [n for _, p in members if p for n in self.under(p)]
 
     # -- the verdict on one family --------------------------------------------------------
 

@@ -244,7 +244,7 @@ def check_device(device: str | None) -> None:
 towers_option = click.option(
     "--towers", metavar="REGEX", callback=check_regex,
     help="Regular expression whose match at the start of an op name is its tower's scope "
-         "(default: discover tower_0/, tower0/, clone_0/, replica_1/ …).")
+         "(default: found by structure, e.g. gpu_0/, gpu_1/ …; known names tower_0/, tower0/, clone_0/, replica_1/ first).")
 device_option = click.option(
     "--device", metavar="DEV",
     help="Device that combines the towers' statistics (default: CPU 0 of tower 0's host).")

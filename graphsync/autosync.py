@@ -166,8 +166,8 @@ class AutoSync:
             try:
                 self._refuse_if_already_copied(graph, number, options)
                 report = rewrite_towers(graph, **options)
-            except NoTowersError as exc:
-                self._say(f"graph {number} left alone: {_one_line(exc)}", verbose_only=True)
+            except NoTowersError as exc:   # said by default when scopes look like towers
+                self._say(f"graph {number} left alone: {_one_line(exc)}", verbose_only=not exc.parallel_structure)
                 return False
             except GraphsyncError as exc:
                 self.failed(graph, _one_line(exc))

@@ -11,10 +11,10 @@ import hashlib
 
 import tensorflow as tf
 
-from graphsync import match, tf_private
+from graphsync import match, tf_private, tower_names, tower_structure
 from graphsync.errors import GraphsyncError, NoTowersError
 from graphsync.stats import Layout
-from graphsync.towers import ROOT, Tower, find_towers, tower_of
+from graphsync.towers import ROOT, Tower, conventional_families, find_towers, known_convention, tower_of
 
 
 @dataclasses.dataclass
@@ -78,6 +78,7 @@ class Plan:
     strategy: str = "gather"
     groups: list = dataclasses.field(default_factory=list)   # tower indices per sync group
     process_group: object = None
+    found_by: str = ""     # how the towers were found: "known name", "structure: gpu_%d", "towers= option"
 
 
 def make_plan(graph: tf.Graph, towers=None, device: str | None = None, *, strategy: str = "gather",
@@ -122,30 +123,39 @@ def _match_and_pair(graph: tf.Graph, towers, device, process_group) -> Plan:
     explicit = towers is not None
     hidden = _calls_hiding_batch_norm(graph)
     found_towers = find_towers([c.name for c in candidates] + [op.name for op in hidden], towers)
+    found_by, left_out = ("towers= option" if explicit else known_convention(found_towers)) if found_towers else "", []
+    if not explicit and live and not _known_names_suffice(found_towers, live):
+        by_structure = tower_structure.discover(graph, live)
+        if by_structure is not None:
+            found_towers, found_by, left_out = by_structure.towers, by_structure.how, by_structure.left_out
     _reject_hidden(hidden, [t for t in found_towers if explicit or t.prefix != ROOT])
     if not live:
-        return Plan(found_towers, device or "", [], skipped)
+        return Plan(found_towers, device or "", [], skipped, found_by=found_by)
     if not found_towers and process_group is not None:
         found_towers = find_towers([], [ROOT])   # one replica per worker graph: the whole graph
-        explicit = True
+        explicit, found_by = True, "process group: the whole graph"
     if not found_towers:
+        parallel = tower_structure.parallel_scopes(graph, live)
         raise NoTowersError(
-            f"no towers found among {len(live)} batch-norm ops (e.g. {live[0].name}): expected scopes "
-            "like tower_0/, tower0/, clone_0/, replica_1/; name yours with towers=REGEX or a list of prefixes")
+            f"no towers found among {len(live)} batch-norm ops (e.g. {live[0].name}): "
+            + (parallel if parallel else "no sibling scopes numbered like gpu_0/, gpu_1/ hold them in parallel; "
+               "name yours with towers=REGEX or a list of prefixes"), parallel_structure=parallel is not None)
 
-    by_layer: dict[str, dict[Tower, tf.Operation]] = {}
+    per_tower: dict[Tower, list] = {}
     for cand in live:
         tower = tower_of(cand.name, found_towers)
         if tower is None:
-            skipped.append((cand.name, "outside every tower"))
+            reason = next((why for prefix, why in left_out if cand.name.startswith(prefix)), "outside every tower")
+            skipped.append((cand.name, reason))
             continue
-        by_layer.setdefault(cand.name[len(tower.prefix):], {})[tower] = cand
+        per_tower.setdefault(tower, []).append((cand.name[len(tower.prefix):], cand.op._id, cand))  # noqa: SLF001
+    by_layer = tower_names.pair_by_name(per_tower)
 
     found_towers = _drop_unpaired_root(found_towers, by_layer, explicit)
     if len(found_towers) < 2 and process_group is None:
         for cands in by_layer.values():
             skipped.extend((c.name, "single tower: nothing to synchronize with") for c in cands.values())
-        return Plan(found_towers, device or "", [], skipped)
+        return Plan(found_towers, device or "", [], skipped, found_by=found_by)
 
     scopes = match.gradient_scopes(graph) if any(c.kind == "moments" for c in live) else {}
     layers = []
@@ -159,7 +169,14 @@ def _match_and_pair(graph: tf.Graph, towers, device, process_group) -> Plan:
         layers.append(_layer_plan(name, [(t, cands.get(t)) for t in found_towers], scopes))
     if layers and not device:
         device = default_device(layers[0].sites[0].op)
-    return Plan(found_towers, device or "", layers, skipped)
+    return Plan(found_towers, device or "", layers, skipped, found_by=found_by)
+
+
+def _known_names_suffice(found_towers, live) -> bool:
+    """The fast path: two or more scoped towers of one known convention, which structure need
+    not confirm (several conventions, or nested ones, are left to graphsync/tower_structure.py)."""
+    return sum(t.prefix != ROOT for t in found_towers) >= 2 and \
+        len(conventional_families([c.name for c in live])) == 1
 
 
 def _drop_unpaired_root(towers, by_layer, explicit):

@@ -11,7 +11,7 @@ import hashlib
 
 import tensorflow as tf
 
-from graphsync import match, tf_private
+from graphsync import match, order, tf_private
 from graphsync.errors import GraphsyncError, NoTowersError
 from graphsync.stats import Layout
 from graphsync.towers import ROOT, Tower, find_towers, tower_of
@@ -83,6 +83,7 @@ def make_plan(graph: tf.Graph, towers=None, device: str | None = None, *, strate
               group_size: int | None = None, process_group=None) -> Plan:
     """Everything the splice needs, validated; raises GraphsyncError and leaves the graph alone."""
     plan = _match_and_pair(graph, towers, device, process_group)
+    plan.layers, plan.skipped = _in_forward_order(graph, plan.layers, plan.skipped)
     plan.strategy, plan.process_group = strategy, process_group
     plan.groups = _groups(len(plan.towers), group_size)
     if strategy not in ("gather", "allreduce"):
@@ -99,6 +100,15 @@ def make_plan(graph: tf.Graph, towers=None, device: str | None = None, *, strate
                         f"{layer.sites[members[0]].op.name} and its peers sit on {sorted(set(devices))}: "
                         "place the towers with tf.device, or use strategy='gather'")
     return plan
+
+
+def _in_forward_order(graph: tf.Graph, layers: list, skipped: list) -> tuple[list, list]:
+    """Layers in the order the first tower's forward pass runs them, and the ops left alone in
+    the order they run (graphsync/order.py): listings read the network from input to output."""
+    skipped_ops = [graph.get_operation_by_name(op_name) for op_name, _ in skipped]
+    placed = order.positions([layer.sites[0].op for layer in layers] + skipped_ops)
+    return (sorted(layers, key=lambda layer: placed[layer.sites[0].op]),
+            [s for _, s in sorted(zip(skipped_ops, skipped), key=lambda pair: placed[pair[0]])])
 
 
 def _groups(n_towers: int, group_size: int | None) -> list[list[int]]:

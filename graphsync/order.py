@@ -37,17 +37,31 @@ def positions(ops: Iterable[tf.Operation]) -> dict[tf.Operation, int]:
     return placed
 
 
+def in_forward_order(items: Iterable, op_of) -> list:
+    """`items` sorted by where the forward pass runs `op_of(item)`: by the op that makes its first
+    input (what a rewrite leaves in place: a batch norm graphsync replaced still reads its layer's
+    input, but the next layers no longer read it), then by the op itself; ties by op name."""
+    items = list(items)
+    ops = [op_of(item) for item in items]
+    placed = positions([op.inputs[0].op for op in ops if op.inputs] + ops)
+    keys = [(placed[op.inputs[0].op] if op.inputs else placed[op], placed[op], op.name) for op in ops]
+    return [item for _, item in sorted(zip(keys, items), key=lambda pair: pair[0])]
+
+
 def sort_names(graph: tf.Graph, names: Iterable[str], op_name=lambda name: name) -> list[str]:
     """`names` in forward order of the ops `op_name(name)` names; those that name no op last, by name."""
-    names = list(names)
-    ops = {}
-    for name in names:
-        try:
-            ops[name] = graph.get_operation_by_name(op_name(name))
-        except (KeyError, ValueError):
-            pass
-    placed = positions(ops.values())
-    return sorted(names, key=lambda n: (0, placed[ops[n]], n) if n in ops else (1, 0, n))
+    names = sorted(names)
+    known = [n for n in names if _has_op(graph, op_name(n))]
+    return (in_forward_order(known, lambda n: graph.get_operation_by_name(op_name(n)))
+            + [n for n in names if n not in set(known)])
+
+
+def _has_op(graph: tf.Graph, name: str) -> bool:
+    try:
+        graph.get_operation_by_name(name)
+        return True
+    except (KeyError, ValueError):
+        return False
 
 
 def _reads(op: tf.Operation):

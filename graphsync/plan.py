@@ -105,10 +105,8 @@ def make_plan(graph: tf.Graph, towers=None, device: str | None = None, *, strate
 def _in_forward_order(graph: tf.Graph, layers: list, skipped: list) -> tuple[list, list]:
     """Layers in the order the first tower's forward pass runs them, and the ops left alone in
     the order they run (graphsync/order.py): listings read the network from input to output."""
-    skipped_ops = [graph.get_operation_by_name(op_name) for op_name, _ in skipped]
-    placed = order.positions([layer.sites[0].op for layer in layers] + skipped_ops)
-    return (sorted(layers, key=lambda layer: placed[layer.sites[0].op]),
-            [s for _, s in sorted(zip(skipped_ops, skipped), key=lambda pair: placed[pair[0]])])
+    return (order.in_forward_order(layers, lambda layer: layer.sites[0].op),
+            order.in_forward_order(skipped, lambda item: graph.get_operation_by_name(item[0])))
 
 
 def _groups(n_towers: int, group_size: int | None) -> list[list[int]]:

@@ -18,6 +18,7 @@ whose layers read what it passes on, wherever its name sits: tensorpack makes ev
 inputs inside the first tower's scope (tower0/TensorInput/random_uniform_2 read by
 tower1/image_preprocess/…), and any framework that builds the inputs before entering the tower
 scopes does the same. Its name decides only when its examples reach no tower's layer.
+(Carriers outside every tower are shared plumbing, walked through as before.)
 """
 from __future__ import annotations
 
@@ -85,14 +86,16 @@ def find(tensor: tf.Tensor, needed: set, tower_of_op):
 
 
 def owner(op: tf.Operation, tensor: tf.Tensor, needed: set, tower_of_op):
-    """The tower `op` belongs to as a reader of `tensor`: for an op carrying its examples on, the
-    one tower whose layers read them (None when several do), else the tower its name is in."""
-    if not carries(op, tensor):
-        return tower_of_op(op)
+    """The tower `op` belongs to as a reader of `tensor`: the tower its name is in, except for an
+    op in a tower's scope that carries the examples on: the one tower whose layers read them (None
+    when several do). Carriers outside the towers stay shared: `find` walks through them."""
+    scoped = tower_of_op(op)
+    if scoped is None or not carries(op, tensor):
+        return scoped
     reached = _layers_reached(op, needed, tower_of_op)
     if len(reached) == 1 and None not in reached:
         return reached.pop()
-    return None if len(reached - {None}) > 1 else tower_of_op(op)
+    return None if len(reached - {None}) > 1 else scoped
 
 
 def _layers_reached(op: tf.Operation, needed: set, tower_of_op) -> set:

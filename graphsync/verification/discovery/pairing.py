@@ -1,11 +1,14 @@
 """Tower entries paired across towers into per-tower inputs: the tensors through which the same
 layer of each tower reads its examples form one input.
 
-Entries are keyed by their dtype, example shape and the names, inside their tower, of the forward
-ops that read them (`conv1/Conv2D` in every tower); what that leaves unpaired is paired by dtype,
-example shape and the source they come from (the pieces of one split batch), then by dtype,
-example shape and output position (one iterator per replica). Names only pair; the entries were
-found by structure.
+Entries are paired by structure first: by dtype, example shape and what reads them (the forward
+ops' types and the input they read it as: `Conv2D` input 0), and, among a tower's entries alike
+in all that, by their place in the data path (the order the forward pass runs their readers,
+graphsync/order.py): the k-th such entry of every tower forms one input. Whatever that leaves
+unpaired (towers with different numbers of such entries) is paired by dtype, example shape and
+the source they come from (the pieces of one split batch), then by dtype, example shape and output
+position (one iterator per replica), and last by the names, inside their tower, of the forward
+ops that read them. The entries were found by structure; names at most pair what structure left.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import tensorflow as tf
 
 from graphsync.errors import GraphsyncError
 from graphsync.towers import Tower
+from graphsync import order
 from graphsync.verification.discovery import names
 from graphsync.verification.discovery.loss import GRADIENT_SCOPE
 
@@ -29,15 +33,43 @@ class Entry:
 
 def pair(entries: list[Entry], towers: list[Tower], needed: set, tower_of_op) -> list[list[Entry]]:
     """Groups of one entry per tower (in tower order); raises when some cannot be paired."""
-    groups, left = _group(entries, towers, lambda e: _readers_key(e, needed, tower_of_op))
+    groups, left = _by_position(entries, towers, needed)
     pieces, left = _group(left, towers, lambda e: (e.tensor.dtype, _example_shape(e.tensor), e.source.name))
     more, left = _group(left, towers, lambda e: (e.tensor.dtype, _example_shape(e.tensor), e.source.value_index,
                                                  e.source.op.type))
+    named, left = _group(left, towers, lambda e: _readers_key(e, needed, tower_of_op))
     if left:
         where = sorted({e.tower.label for e in left})
         raise GraphsyncError(f"cannot pair input {left[0].tensor.name} with the other towers' inputs (found in "
                              f"{', '.join(where)} only): name the tensors to feed with --input NAME")
-    return groups + pieces + more
+    return groups + pieces + more + named
+
+
+def _by_position(entries, towers, needed):
+    """Groups of the entries alike in dtype, example shape and readers, the k-th of each tower's
+    (in forward order of their readers) together; the rest is left."""
+    readers = {id(e): _forward_readers(e.tensor, needed) for e in entries}
+    placed = order.positions([op for ops in readers.values() for op in ops] + [e.tensor.op for e in entries])
+    by_key: dict = {}
+    for entry in entries:
+        signature = tuple(sorted((c.type, [x.ref() for x in c.inputs].index(entry.tensor.ref()))
+                                 for c in readers[id(entry)]))
+        by_key.setdefault((entry.tensor.dtype, _example_shape(entry.tensor), signature), []).append(entry)
+    groups, left = [], []
+    for members in by_key.values():
+        def position(e):
+            return min((placed[c] for c in readers[id(e)]), default=placed[e.tensor.op])
+        per_tower = [sorted((e for e in members if e.tower == t), key=position) for t in towers]
+        counts = {len(found) for found in per_tower}
+        if len(counts) == 1 and counts != {0}:
+            groups += [list(group) for group in zip(*per_tower)]
+        else:
+            left.extend(members)
+    return groups, left
+
+
+def _forward_readers(tensor: tf.Tensor, needed: set) -> list:
+    return [c for c in tensor.consumers() if c in needed and not GRADIENT_SCOPE.search(c.name)]
 
 
 def _group(entries, towers, key):

@@ -92,27 +92,26 @@ def owner(op: tf.Operation, tensor: tf.Tensor, needed: set, tower_of_op):
     scoped = tower_of_op(op)
     if scoped is None or not carries(op, tensor):
         return scoped
-    reached = _layers_reached(op, needed, tower_of_op)
+    reached = {tower_of_op(layer) for layer, _ in first_layers(op.outputs, needed)}
     if len(reached) == 1 and None not in reached:
         return reached.pop()
     return None if len(reached - {None}) > 1 else scoped
 
 
-def _layers_reached(op: tf.Operation, needed: set, tower_of_op) -> set:
-    """The towers (None: outside them) of the first forward ops below `op` that do more than carry
-    examples on."""
-    reached, stack, seen = set(), [op], set()
+def first_layers(tensors, needed: set) -> list[tuple[tf.Operation, int]]:
+    """The first forward ops below `tensors` that do more than carry their examples on, each with
+    the input it reads them through."""
+    found, stack, seen = [], list(tensors), set()
     while stack and len(seen) < _WALK_LIMIT:
         current = stack.pop()
-        if current in seen:
+        if current.ref() in seen:
             continue
-        seen.add(current)
-        for output in current.outputs:
-            for reader in output.consumers():
-                if reader not in needed or GRADIENT_SCOPE.search(reader.name):
-                    continue
-                if carries(reader, output):
-                    stack.append(reader)
-                else:
-                    reached.add(tower_of_op(reader))
-    return reached
+        seen.add(current.ref())
+        for reader in current.consumers():
+            if reader not in needed or GRADIENT_SCOPE.search(reader.name):
+                continue
+            if carries(reader, current):
+                stack.extend(reader.outputs)
+            else:
+                found.append((reader, [t.ref() for t in reader.inputs].index(current.ref())))
+    return found

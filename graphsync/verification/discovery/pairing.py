@@ -1,10 +1,11 @@
 """Tower entries paired across towers into per-tower inputs: the tensors through which the same
 layer of each tower reads its examples form one input.
 
-Entries are paired by structure first: by dtype, example shape and what reads them (the forward
-ops' types and the input they read it as: `Conv2D` input 0), and, among a tower's entries alike
-in all that, by their place in the data path (the order the forward pass runs their readers,
-graphsync/order.py): the k-th such entry of every tower forms one input. Whatever that leaves
+Entries are paired by structure first: by dtype, example shape and the first layers they reach
+through ops that only carry examples on (the layers' op types and the input they read them
+through: `Conv2D` input 0), and, among a tower's entries alike in all that, by their place in the
+data path (the order the forward pass runs those layers, graphsync/order.py): the k-th such entry
+of every tower forms one input. Whatever that leaves
 unpaired (towers with different numbers of such entries) is paired by dtype, example shape and
 the source they come from (the pieces of one split batch), then by dtype, example shape and output
 position (one iterator per replica), and last by the names, inside their tower, of the forward
@@ -19,7 +20,7 @@ import tensorflow as tf
 from graphsync.errors import GraphsyncError
 from graphsync.towers import Tower
 from graphsync import order
-from graphsync.verification.discovery import names
+from graphsync.verification.discovery import entries as entries_module, names
 from graphsync.verification.discovery.loss import GRADIENT_SCOPE
 
 
@@ -46,30 +47,28 @@ def pair(entries: list[Entry], towers: list[Tower], needed: set, tower_of_op) ->
 
 
 def _by_position(entries, towers, needed):
-    """Groups of the entries alike in dtype, example shape and readers, the k-th of each tower's
-    (in forward order of their readers) together; the rest is left."""
-    readers = {id(e): _forward_readers(e.tensor, needed) for e in entries}
-    placed = order.positions([op for ops in readers.values() for op in ops] + [e.tensor.op for e in entries])
+    """Groups of the entries alike in dtype, example shape and first layers (their types and the
+    input they read), the k-th of each tower's (in forward order of those layers) together; the
+    rest is left."""
+    layers = {id(e): sorted(set(entries_module.first_layers([e.tensor], needed)), key=lambda r: r[0].name)
+              for e in entries}
+    placed = order.positions([op for found in layers.values() for op, _ in found] + [e.tensor.op for e in entries])
     by_key: dict = {}
     for entry in entries:
-        signature = tuple(sorted((c.type, [x.ref() for x in c.inputs].index(entry.tensor.ref()))
-                                 for c in readers[id(entry)]))
+        signature = tuple(sorted((op.type, index) for op, index in layers[id(entry)]))
         by_key.setdefault((entry.tensor.dtype, _example_shape(entry.tensor), signature), []).append(entry)
+
+    def position(entry):
+        return min((placed[op] for op, _ in layers[id(entry)]), default=placed[entry.tensor.op])
+
     groups, left = [], []
     for members in by_key.values():
-        def position(e):
-            return min((placed[c] for c in readers[id(e)]), default=placed[e.tensor.op])
         per_tower = [sorted((e for e in members if e.tower == t), key=position) for t in towers]
-        counts = {len(found) for found in per_tower}
-        if len(counts) == 1 and counts != {0}:
+        if len({len(found) for found in per_tower}) == 1:
             groups += [list(group) for group in zip(*per_tower)]
         else:
             left.extend(members)
     return groups, left
-
-
-def _forward_readers(tensor: tf.Tensor, needed: set) -> list:
-    return [c for c in tensor.consumers() if c in needed and not GRADIENT_SCOPE.search(c.name)]
 
 
 def _group(entries, towers, key):

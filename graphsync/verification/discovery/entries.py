@@ -33,7 +33,7 @@ PLUMBING = ("Identity", "IdentityN", "Snapshot", "StopGradient", "EnsureShape", 
             "Enter", "Switch", "Merge")
 SLICING = ("Split", "SplitV", "Slice", "StridedSlice", "Unpack", "GatherV2", "Gather")
 _DATA_INPUT = {"Split": 1}   # which input holds the data (tf.split's axis comes first)
-_WALK_LIMIT = 10000
+_WALK_LIMIT = 10000          # tensors followed down from one op to the layers reading its examples
 ELEMENTWISE = ("Mul", "Add", "AddV2", "Sub", "RealDiv", "Div", "Maximum", "Minimum", "FloorDiv")
 
 

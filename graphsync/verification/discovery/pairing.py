@@ -5,11 +5,11 @@ Entries are paired by structure first: by dtype, example shape and the first lay
 through ops that only carry examples on (the layers' op types and the input they read them
 through: `Conv2D` input 0), and, among a tower's entries alike in all that, by their place in the
 data path (the order the forward pass runs those layers, graphsync/order.py): the k-th such entry
-of every tower forms one input. Whatever that leaves
-unpaired (towers with different numbers of such entries) is paired by dtype, example shape and
-the source they come from (the pieces of one split batch), then by dtype, example shape and output
-position (one iterator per replica), and last by the names, inside their tower, of the forward
-ops that read them. The entries were found by structure; names at most pair what structure left.
+of every tower forms one input. Whatever that leaves unpaired (towers with different numbers of
+such entries) is paired by dtype, example shape and the source they come from (the pieces of one
+split batch), then by dtype, example shape and output position (one iterator per replica), and
+last by the names, inside their tower, of the forward ops that read them. The entries were found
+by structure; names at most pair what structure left.
 """
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ import dataclasses
 
 import tensorflow as tf
 
+from graphsync import order
 from graphsync.errors import GraphsyncError
 from graphsync.towers import Tower
-from graphsync import order
 from graphsync.verification.discovery import entries as entries_module, names
 from graphsync.verification.discovery.loss import GRADIENT_SCOPE
 
@@ -50,8 +50,7 @@ def _by_position(entries, towers, needed):
     """Groups of the entries alike in dtype, example shape and first layers (their types and the
     input they read), the k-th of each tower's (in forward order of those layers) together; the
     rest is left."""
-    layers = {id(e): sorted(set(entries_module.first_layers([e.tensor], needed)), key=lambda r: r[0].name)
-              for e in entries}
+    layers = {id(e): set(entries_module.first_layers([e.tensor], needed)) for e in entries}
     placed = order.positions([op for found in layers.values() for op, _ in found] + [e.tensor.op for e in entries])
     by_key: dict = {}
     for entry in entries:

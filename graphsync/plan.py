@@ -11,7 +11,7 @@ import hashlib
 
 import tensorflow as tf
 
-from graphsync import match, tf_private, tower_names, tower_structure
+from graphsync import match, order, tf_private, tower_names, tower_structure
 from graphsync.errors import GraphsyncError, NoTowersError
 from graphsync.stats import Layout
 from graphsync.towers import ROOT, Tower, conventional_families, find_towers, known_convention, tower_of
@@ -85,6 +85,7 @@ def make_plan(graph: tf.Graph, towers=None, device: str | None = None, *, strate
               group_size: int | None = None, process_group=None) -> Plan:
     """Everything the splice needs, validated; raises GraphsyncError and leaves the graph alone."""
     plan = _match_and_pair(graph, towers, device, process_group)
+    plan.layers, plan.skipped = _in_forward_order(graph, plan.layers, plan.skipped)
     plan.strategy, plan.process_group = strategy, process_group
     plan.groups = _groups(len(plan.towers), group_size)
     if strategy not in ("gather", "allreduce"):
@@ -101,6 +102,13 @@ def make_plan(graph: tf.Graph, towers=None, device: str | None = None, *, strate
                         f"{layer.sites[members[0]].op.name} and its peers sit on {sorted(set(devices))}: "
                         "place the towers with tf.device, or use strategy='gather'")
     return plan
+
+
+def _in_forward_order(graph: tf.Graph, layers: list, skipped: list) -> tuple[list, list]:
+    """Layers in the order the first tower's forward pass runs them, and the ops left alone in
+    the order they run (graphsync/order.py): listings read the network from input to output."""
+    return (order.in_forward_order(layers, lambda layer: layer.sites[0].op),
+            order.in_forward_order(skipped, lambda item: graph.get_operation_by_name(item[0])))
 
 
 def _groups(n_towers: int, group_size: int | None) -> list[list[int]]:

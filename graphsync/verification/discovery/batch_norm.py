@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from graphsync import match
+from graphsync import match, order
 from graphsync.towers import Tower, tower_of
 from graphsync.verification import trace
 
@@ -12,7 +12,7 @@ from graphsync.verification import trace
 def batch_norm_ops(graph: tf.Graph, towers: list[Tower]) -> list[str]:
     """Per-tower batch-norm ops that compute per-tower statistics: training-mode fused ops and
     their gradient ops, and the two Mean ops of `tf.nn.moments` over the batch axis (also once
-    graphsync rerouted them: their StopGradient then reads `<mean op>_sync/…`)."""
+    graphsync rerouted them: their StopGradient then reads `<mean op>_sync/…`), in the order they run."""
     names = []
     for op in graph.get_operations():
         if op.type in match.FUSED_TYPES and match.is_training(op):
@@ -20,8 +20,8 @@ def batch_norm_ops(graph: tf.Graph, towers: list[Tower]) -> list[str]:
             names.extend(g.name for g in match.fused_gradient_ops(op))
         elif op.type == "SquaredDifference":
             names.extend(_moments_ops(graph, op))
-    return sorted({n for n in names if tower_of(n, towers) is not None and not n.startswith("graphsync/")
-                   and "_sync/" not in n and "_sync_grad_" not in n})
+    return order.sort_names(graph, {n for n in names if tower_of(n, towers) is not None
+                                    and not n.startswith("graphsync/") and "_sync/" not in n and "_sync_grad_" not in n})
 
 
 def _moments_ops(graph: tf.Graph, sqdiff: tf.Operation) -> list[str]:
@@ -60,11 +60,12 @@ def _reduces_batch(op: tf.Operation) -> bool:
 
 def synchronized_layers(graph: tf.Graph, towers: list[Tower]) -> list[str]:
     """The layers graphsync synchronized: from their aggregation scopes (graphsync/<layer>/…) or,
-    all-reduced, from the collectives in the towers' <layer>_sync/ scopes."""
+    all-reduced, from the collectives in the towers' <layer>_sync/ scopes; in the order the first
+    tower runs them (by its layer op, which the rewrite leaves in the graph)."""
     layers = set()
     for op in graph.get_operations():
         if op.name.startswith("graphsync/") or op.type.startswith("Collective"):
             found = trace.layer_of(op.name, towers)
             if found:
                 layers.add(found[0])
-    return sorted(layers)
+    return order.sort_names(graph, layers, lambda layer: towers[0].prefix + layer)

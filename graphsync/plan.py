@@ -11,7 +11,7 @@ import hashlib
 
 import tensorflow as tf
 
-from graphsync import match, tf_private
+from graphsync import match, shapes, tf_private
 from graphsync.errors import GraphsyncError, NoTowersError
 from graphsync.stats import Layout
 from graphsync.towers import ROOT, Tower, find_towers, tower_of
@@ -255,9 +255,9 @@ def _signature(cand) -> dict:
     op = cand.op
     if cand.kind == "moments":
         return {"kind": "moments", "axes": cand.parts["axes"], "dtype": op.inputs[0].dtype.name,
-                "rank": op.inputs[0].shape.rank, "statistics shape": str(op.outputs[0].shape[1:]),
+                "rank": op.inputs[0].shape.rank, "statistics shape": shapes.text(op.outputs[0].shape[1:]),
                 "keep_dims": op.get_attr("keep_dims")}
-    channels = op.inputs[1].shape[0] if op.inputs[1].shape.rank == 1 else None
+    channels = shapes.dim(op.inputs[1].shape, 0) if op.inputs[1].shape.rank == 1 else None
     return {"kind": op.type, "channels": channels, "dtype": op.inputs[0].dtype.name,
             "rank": op.inputs[0].shape.rank, "epsilon": op.get_attr("epsilon"),
             "data_format": op.get_attr("data_format").decode(),
@@ -272,7 +272,7 @@ def fingerprints(plan: Plan) -> list[str]:
     lines = []
     for layer in plan.layers:
         op = layer.sites[0].op
-        lines.append(f"{layer.name} {op.type} {op.inputs[0].dtype.name} {op.inputs[0].shape[1:]} "
+        lines.append(f"{layer.name} {op.type} {op.inputs[0].dtype.name} {shapes.text(op.inputs[0].shape[1:])} "
                      f"axes={layer.layout.axes} eps={layer.epsilon:g} avg={layer.avg_factor:g} "
                      f"towers={len(layer.sites)} gradients={len(layer.sites[0].grad_ops)}")
     return lines

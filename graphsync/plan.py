@@ -11,7 +11,7 @@ import hashlib
 
 import tensorflow as tf
 
-from graphsync import match, shapes, tf_private
+from graphsync import match, shapes, shared_tasks, tf_private
 from graphsync.errors import GraphsyncError, NoTowersError
 from graphsync.stats import Layout
 from graphsync.towers import ROOT, Tower, find_towers, tower_of
@@ -89,6 +89,8 @@ def make_plan(graph: tf.Graph, towers=None, device: str | None = None, *, strate
         raise GraphsyncError(f"unknown strategy {strategy!r}: use 'gather' or 'allreduce'")
     if process_group is not None and strategy != "allreduce":
         raise GraphsyncError("between-graph replication (a process group) needs strategy='allreduce'")
+    if process_group is not None and plan.layers:
+        shared_tasks.check([site.op for layer in plan.layers for site in layer.sites])
     if strategy == "allreduce":
         for layer in plan.layers:
             for members in plan.groups:

@@ -23,10 +23,10 @@ from graphsync.errors import GraphsyncError
 def check(ops: list) -> None:
     """Raises GraphsyncError when a training step through `ops` (the synchronized batch norms) runs
     an op on a task other than theirs: every op those ops read, or that reads them, through data
-    or control edges."""
+    or control edges, and the resources these use."""
     own = {_task(op.device) for op in ops}
     foreign = {}
-    for op in _connected(ops):
+    for op in _with_resources(_connected(ops)):
         task = _task(op.device)
         if task[0] is not None and task not in own:
             foreign.setdefault(task, op)
@@ -58,6 +58,12 @@ def _connected(ops: list) -> list:
                 found.append(op)
             stack.extend(direction(op))
     return found
+
+
+def _with_resources(ops: list) -> list:
+    """`ops` and the ops making the resources they use: an op on a resource runs where the
+    resource lives (a resource variable's AssignAdd by a worker runs on the ps)."""
+    return ops + [t.op for op in ops for t in op.inputs if t.dtype == tf.resource]
 
 
 def _inputs_of(op):

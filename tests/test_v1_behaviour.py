@@ -67,6 +67,12 @@ def test_sync_groups(v1, strategy):
     test_distributed.test_sync_groups_each_equal_their_own_reference(strategy)
 
 
+def test_in_graph_replication_across_server_processes(v1):
+    """One session driving towers on several server processes (tf_cnn_benchmarks'
+    distributed_all_reduce: a controller, workers that only join their servers)."""
+    test_distributed.test_in_graph_replication_across_server_processes()
+
+
 def test_ref_variables_and_dimensions_are_what_the_graphs_hold(v1):
     """The switch really builds the TF1 way (else every case above would be a v2 case again)."""
     built = tl.build(models.resnetish(depth=1), [2, 2])

@@ -11,7 +11,7 @@ import hashlib
 
 import tensorflow as tf
 
-from graphsync import match, order, tf_private, tower_names, tower_structure
+from graphsync import match, order, shapes, shared_tasks, tf_private, tower_names, tower_structure
 from graphsync.errors import GraphsyncError, NoTowersError
 from graphsync.stats import Layout
 from graphsync.towers import ROOT, Tower, conventional_families, find_towers, known_convention, tower_of
@@ -92,6 +92,8 @@ def make_plan(graph: tf.Graph, towers=None, device: str | None = None, *, strate
         raise GraphsyncError(f"unknown strategy {strategy!r}: use 'gather' or 'allreduce'")
     if process_group is not None and strategy != "allreduce":
         raise GraphsyncError("between-graph replication (a process group) needs strategy='allreduce'")
+    if process_group is not None and plan.layers:
+        shared_tasks.check([site.op for layer in plan.layers for site in layer.sites])
     if strategy == "allreduce":
         for layer in plan.layers:
             for members in plan.groups:
@@ -296,8 +298,8 @@ def _signature(cand) -> dict:
     if cand.kind == "moments":
         x = _input(cand)
         return {"kind": "moments", "axes": cand.parts["axes"], "dtype": x.dtype.name, "rank": x.shape.rank,
-                "statistics shape": str(op.outputs[0].shape[1:]), "keep_dims": cand.parts["keep_dims"]}
-    channels = op.inputs[1].shape[0] if op.inputs[1].shape.rank == 1 else None
+                "statistics shape": shapes.text(op.outputs[0].shape[1:]), "keep_dims": cand.parts["keep_dims"]}
+    channels = shapes.dim(op.inputs[1].shape, 0) if op.inputs[1].shape.rank == 1 else None
     return {"kind": op.type, "channels": channels, "dtype": op.inputs[0].dtype.name,
             "rank": op.inputs[0].shape.rank, "epsilon": op.get_attr("epsilon"),
             "data_format": op.get_attr("data_format").decode(),
@@ -313,7 +315,7 @@ def fingerprints(plan: Plan) -> list[str]:
     for layer in plan.layers:
         op = layer.sites[0].op
         x = layer.sites[0].parts.get("x", op.inputs[0])
-        lines.append(f"{layer.name} {op.type} {x.dtype.name} {x.shape[1:]} "
+        lines.append(f"{layer.name} {op.type} {x.dtype.name} {shapes.text(x.shape[1:])} "
                      f"axes={layer.layout.axes} eps={layer.epsilon:g} avg={layer.avg_factor:g} "
                      f"towers={len(layer.sites)} gradients={len(layer.sites[0].grad_ops)}")
     return lines

@@ -27,7 +27,7 @@ from collections import Counter
 
 import tensorflow as tf
 
-from graphsync import match, tower_names
+from graphsync import match, shapes, tower_names
 from graphsync.errors import GraphsyncError
 from graphsync.towers import Tower
 
@@ -357,6 +357,6 @@ def _signature(cand) -> tuple:
     """What paired layers must share for names to pair them: the kind and the channels."""
     op = cand.op
     if cand.kind == "fused":
-        channels = op.inputs[1].shape[0] if op.inputs[1].shape.rank == 1 else None
+        channels = shapes.dim(op.inputs[1].shape, 0) if op.inputs[1].shape.rank == 1 else None
         return ("fused", channels)
-    return ("moments", str(op.outputs[0].shape[1:]))
+    return ("moments", shapes.text(op.outputs[0].shape[1:]))

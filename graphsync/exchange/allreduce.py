@@ -130,7 +130,7 @@ def _library(body, spread: str, inputs):
     shape where unknown), in a graph of its own so that no device or scope of the caller leaks into
     its definition. Static shapes let the body's sizes be constants: fewer ops run every step."""
     specs = [tf.TensorSpec(t.shape if t.shape.is_fully_defined() else None, t.dtype) for t in inputs]
-    key = (body.__name__, spread, tuple((s.dtype, None if s.shape.rank is None else tuple(s.shape)) for s in specs))
+    key = (body.__name__, spread, tuple((s.dtype, None if s.shape.rank is None else tuple(s.shape.as_list())) for s in specs))
     if key not in _traced:
         with tf.Graph().as_default():
             _traced[key] = tf.function(body(spread), input_signature=specs, autograph=False).get_concrete_function()

@@ -9,6 +9,8 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from graphsync import shapes
+
 _COUNT_OPS = ("Cast", "Prod", "GatherV2", "Gather", "StridedSlice", "Pack", "ConcatV2", "Identity",
               "Mul", "Reshape", "Squeeze", "Const", "Shape", "Size")
 _PROBE_DIMS = (7, 11, 13, 17, 19, 23, 29, 31)   # unknown dimensions, distinct so a wrong count shows
@@ -31,7 +33,7 @@ def is_count(count: tf.Tensor, total_op: tf.Operation, inverse: bool) -> bool:
         return False
     value = tf.get_static_value(count)
     if value is not None:
-        dims = [source.shape[a] for a in axes]
+        dims = [shapes.dim(source.shape, a) for a in axes]
         if np.size(value) != 1 or any(d is None for d in dims):
             return False
         want = float(np.prod(dims))

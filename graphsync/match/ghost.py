@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from graphsync import shapes
+
 
 def virtual_batch_size(x: tf.Tensor, axes: tuple) -> int | str | None:
     """k when statistics of `x` over `axes` are ghost batch norm ("?" if k is not static), else None."""
@@ -20,7 +22,7 @@ def virtual_batch_size(x: tf.Tensor, axes: tuple) -> int | str | None:
     rank = source.shape.rank
     if rank is None or x.shape.rank != rank + 1 or not x.shape[2:].is_compatible_with(source.shape[1:]):
         return None
-    k = x.shape[0]
+    k = shapes.dim(x.shape, 0)
     return int(k) if k is not None else "?"
 
 

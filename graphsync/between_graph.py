@@ -38,7 +38,7 @@ from graphsync.autosync import AutoSync
 from graphsync.heartbeat import DEFAULT_INTERVAL as DEFAULT_HEARTBEAT
 
 DEFAULT_PEER_TIMEOUT = 300.0
-CANCEL_GRACE = 30.0   # seconds a cancelled process may take to end before it is ended
+CANCEL_GRACE = 3.0    # seconds a cancelled step may take to reach the script before the process is ended
 
 
 class BetweenGraphSync(AutoSync):
@@ -59,6 +59,7 @@ class BetweenGraphSync(AutoSync):
         self.steps = None           # graphsync.steps.Steps, once TensorFlow is imported
         self._meeting = False
         self._ended = threading.Event()
+        self._lost_said, self._lost_lock = False, threading.Lock()
         self.tf_config = os.environ.get("TF_CONFIG") if tf_config is None else tf_config
         self.server_task = None     # graphsync.cluster.ClusterTask of the last server created
         self.server_target = None
@@ -122,16 +123,24 @@ class BetweenGraphSync(AutoSync):
 
     def _on_lost(self, lost) -> None:
         """On the heartbeat's thread: cancels a running step (or the meeting), and ends the process
-        if it has not ended CANCEL_GRACE seconds later."""
+        if the script has not ended CANCEL_GRACE seconds later (closing a session whose step waits
+        for a frozen peer takes TensorFlow about 10 s)."""
         if not (self.steps.running or self._meeting):
             return   # between steps, or training over: the next synchronized step is refused
         self._stopped_by(lost, "at the first meeting" if self._meeting else
                          f"during synchronized step {self.steps.started}")
-        self.steps.cancel()
-        if not self._ended.wait(CANCEL_GRACE):
-            self._say(f"error: {self.lost.line()}", error=True)
+        threading.Thread(target=self.steps.cancel, name="graphsync-cancel", daemon=True).start()
+        if not self._ended.wait(CANCEL_GRACE) and self._say_lost():
             sys.stderr.flush()
             os._exit(1)
+
+    def _say_lost(self) -> bool:
+        """The lost worker's line, once (False: already said)."""
+        with self._lost_lock:
+            said, self._lost_said = self._lost_said, True
+        if not said:
+            self._say(f"error: {self.lost.line()}", error=True)
+        return not said
 
     def __exit__(self, *exc_info):
         if self.watch is not None:
@@ -142,8 +151,17 @@ class BetweenGraphSync(AutoSync):
             self._ended.set()
         if self.lost is not None:
             sys.stdout.flush()
-            self._say(f"error: {self.lost.line()}", error=True)
-            raise SystemExit(1)
+            if self._say_lost():
+                self._end_within(CANCEL_GRACE)
+                raise SystemExit(1)
+            threading.Event().wait()   # the heartbeat's thread is ending the process
+
+    def _end_within(self, seconds: float) -> None:
+        """Exit status 1 in `seconds` at the latest: TensorFlow's teardown can wait ~10 s for a
+        frozen peer (faulthandler's watchdog is a C thread: it fires even during finalization)."""
+        import faulthandler
+        self._devnull = open(os.devnull, "w")   # noqa: SIM115 - must outlive this call
+        faulthandler.dump_traceback_later(seconds, exit=True, file=self._devnull)
 
     # -- the per-graph decision ------------------------------------------------------------------
 

@@ -9,7 +9,9 @@ a between-graph graph first runs, each worker
 2. gathers every worker's layer fingerprints with one collective (`compare_layers`), in a graph and
    session of its own on the worker's server: workers that built different batch-norm layers
    (different scripts or options) stop with the first difference, instead of averaging unrelated
-   statistics; a worker that never joins makes the gather time out with the remaining wait.
+   statistics; a worker that never joins makes the gather time out with the remaining wait; a
+   worker restarted alone into a running group is refused at once by the group leader (its
+   collective runtime knows the task's earlier incarnation), and says so.
 
 Both also line the workers up, so the first training step starts together. Later steps are
 watched by a heartbeat (graphsync.heartbeat), or bounded by the collectives' own timeout
@@ -102,6 +104,13 @@ def compare_layers(task: ClusterTask, target: str, fingerprints: list[str], time
             f"{task.tasks}, waiting for {others}): their servers are up, but some did not reach "
             "their first synchronized step: run every worker under graphsync (the same script and "
             "options), or wait longer with --peer-timeout") from None
+    except tf.errors.FailedPreconditionError as exc:
+        if "incarnation" not in str(exc):
+            raise
+        raise GraphsyncError(
+            f"{task.name} cannot join a group that is already running: the group leader ({task.leader}) knows "
+            f"an earlier server of {task.name} (restarted alone?): restart every worker to resume from its last "
+            "checkpoint") from None
     for row in sorted(rows.tolist(), key=lambda r: r[0]):
         if row[3] != mine[3] or row[2] != mine[2] or row[1] != task.tasks:
             raise GraphsyncError(_difference(task, fingerprints, row))

@@ -32,10 +32,10 @@ class Worker:
         env = dict(cl.env_for_children(), TF_CPP_MIN_LOG_LEVEL="3", PYTHONWARNINGS="ignore",
                    TF_CONFIG=tf_config(spec, index))
         env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(SCRIPT), env["PYTHONPATH"]])
-        self.index, self.out = index, out
+        self.index, self.out, self.began = index, out, time.monotonic()
         self.proc = subprocess.Popen(runner + [SCRIPT, str(out), str(checkpoints), "--steps", str(STEPS)] + list(args),
                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.lines, self.stderr, self.ended = [], "", None
+        self.lines, self.stderr_lines, self.ended = [], [], None
         self._readers = [threading.Thread(target=self._read_stdout, daemon=True),
                          threading.Thread(target=self._read_stderr, daemon=True)]
         for reader in self._readers:
@@ -46,7 +46,16 @@ class Worker:
             self.lines.append((time.monotonic(), line.strip()))
 
     def _read_stderr(self):
-        self.stderr = self.proc.stderr.read()
+        for line in self.proc.stderr:
+            self.stderr_lines.append((time.monotonic(), line.rstrip("\n")))
+
+    @property
+    def stderr(self):
+        return "\n".join(line for _, line in self.stderr_lines)
+
+    def said(self, start):
+        """When the first line starting with `start` reached stderr."""
+        return next(at for at, line in self.stderr_lines if line.startswith(start))
 
     def when(self, line, timeout=180):
         deadline = time.monotonic() + timeout
@@ -115,8 +124,9 @@ def assert_survivors_name(workers, lost, started_fault, fault_name):
             continue
         last = worker.stderr.strip().splitlines()[-1]
         seconds = worker.ended - started_fault
-        print(f"{fault_name}: worker {worker.index} exited {worker.proc.returncode} {seconds:.1f} s after the fault: "
-              f"{last!r}")
+        named = worker.said("graphsync: error: lost worker") - started_fault
+        print(f"{fault_name}: worker {worker.index} named the lost worker {named:.1f} s and exited "
+              f"{worker.proc.returncode} {seconds:.1f} s after the fault: {last!r}")
         assert worker.proc.returncode == 1, worker.stderr[-3000:]
         assert last.startswith(f"graphsync: error: lost worker {lost_task} (/job:worker/replica:0/task:{lost}, "), last
         assert f"during synchronized step {FAULT_AFTER + 1}" in last or "before synchronized step" in last, last
@@ -153,3 +163,50 @@ def test_a_lost_worker_stops_every_survivor_and_all_resume_exactly(tmp_path, uni
         errors.append(max_difference(worker.variables(), want))
     print(f"{fault_name}: resumed run vs uninterrupted, max |Δ| over every variable of each worker: {errors}")
     assert max(errors) == 0.0, errors
+
+
+def test_a_worker_pausing_for_several_intervals_is_waited_for(tmp_path, uninterrupted):
+    """Worker 1 sleeps 4 heartbeat intervals between steps 2 and 3, its server up: the others wait
+    in step 3's collectives, and the run ends as if nothing happened."""
+    pause = 4 * HEARTBEAT
+    workers = run_group(cl.cluster_spec({"worker": 3}), tmp_path, tmp_path / "checkpoints",
+                        {1: ["--pause-after", str(FAULT_AFTER), "--pause", str(pause)]})
+    for worker, want in zip(workers, uninterrupted):
+        assert worker.proc.returncode == 0, worker.stderr[-3000:]
+        assert "lost worker" not in worker.stderr
+        assert max_difference(worker.variables(), want) == 0.0
+    waited = workers[0].when(f"step {FAULT_AFTER + 1} done") - workers[0].when(f"step {FAULT_AFTER} done")
+    print(f"straggler paused {pause:g} s (heartbeat {HEARTBEAT:g} s): worker 0's step {FAULT_AFTER + 1} took "
+          f"{waited:.1f} s; every variable equal to the undisturbed run")
+    assert waited >= pause - 1
+
+
+def test_a_worker_restarted_alone_into_a_running_group_never_joins_it(tmp_path):
+    """Worker 2 exits after step 2 and is restarted at once, from its checkpoint, while workers 0
+    and 1 pause before step 3: they refuse step 3 (worker 2 was lost), and the newcomer is refused
+    at its first meeting by the group leader, which knows its earlier server: one line, at once."""
+    spec = cl.cluster_spec({"worker": 3})
+    checkpoints = tmp_path / "checkpoints"
+    pause = ["--pause-after", str(FAULT_AFTER), "--pause", "45"]
+    workers = [Worker(spec, i, tmp_path / f"worker{i}.npz", checkpoints, args)
+               for i, args in enumerate([pause, pause, ["--exit-after", str(FAULT_AFTER)]])]
+    newcomer = None
+    try:
+        assert workers[2].wait() == 3
+        newcomer = Worker(spec, 2, tmp_path / "newcomer.npz", checkpoints)
+        code = newcomer.wait()
+        for worker in workers[:2]:
+            assert worker.wait() == 1, worker.stderr[-3000:]
+            last = worker.stderr.strip().splitlines()[-1]
+            assert last.startswith("graphsync: error: lost worker worker:2 ") and \
+                f"before synchronized step {FAULT_AFTER + 1}" in last, last
+    finally:
+        for worker in workers + [newcomer]:
+            if worker is not None:
+                worker.kill()
+    last = newcomer.stderr.strip().splitlines()[-1]
+    print(f"restarted alone: exit {code} {newcomer.ended - newcomer.began:.1f} s after it started: {last!r}")
+    assert code == 1 and newcomer.lines == [] and not newcomer.out.exists()
+    assert last == ("graphsync: error: worker:2 cannot join a group that is already running: the group leader "
+                    "(/job:worker/replica:0/task:0) knows an earlier server of worker:2 (restarted alone?): restart "
+                    "every worker to resume from its last checkpoint"), last

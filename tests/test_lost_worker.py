@@ -210,3 +210,33 @@ def test_a_worker_restarted_alone_into_a_running_group_never_joins_it(tmp_path):
     assert last == ("graphsync: error: worker:2 cannot join a group that is already running: the group leader "
                     "(/job:worker/replica:0/task:0) knows an earlier server of worker:2 (restarted alone?): restart "
                     "every worker to resume from its last checkpoint"), last
+
+
+def test_the_heartbeat_finds_a_frozen_server_within_its_interval_and_spares_a_live_one():
+    """graphsync.heartbeat.PeerWatch in this process against two real servers: one is frozen with
+    SIGSTOP, and is lost within the interval (plus a poll); the other, idle, never is."""
+    import json
+
+    from graphsync.cluster import ClusterTask
+    from graphsync.heartbeat import PeerWatch
+    spec = cl.cluster_spec({"worker": 3})
+    servers = [subprocess.Popen([sys.executable, "-c", cl.SERVER, json.dumps([spec, "worker", i, None])],
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) for i in (1, 2)]
+    lost = []
+    try:
+        assert all("ready" in server.stdout.readline() for server in servers)
+        watch = PeerWatch(ClusterTask(spec, "worker", 0), interval=2.0, on_lost=lost.append).start()
+        time.sleep(3)
+        assert watch.lost is None and lost == []
+        servers[1].send_signal(signal.SIGSTOP)
+        frozen = time.monotonic()
+        while not lost and time.monotonic() - frozen < 10:
+            time.sleep(0.05)
+        found = time.monotonic() - frozen
+    finally:
+        for server in servers:
+            server.kill()
+            server.wait(timeout=30)
+    print(f"heartbeat 2 s: frozen server lost after {found:.1f} s: {lost[0].line() if lost else None}")
+    assert [(w.job, w.index) for w in lost] == [("worker", 2)] and 1.0 <= found < 4.0
+    assert lost[0].reason.startswith("its server did not answer for ")

@@ -143,3 +143,20 @@ def test_fast_ops_call_runs_a_traced_function_inlined_on_the_callers_device():
         again = ops.call(function, [x], "again")[0]
     assert doubled.op.type == "PartitionedCall" and doubled.dtype == tf.float64
     np.testing.assert_array_equal(_run(graph, [doubled, size, again])[0], [2.0, 4.0, 6.0])
+
+
+def test_worker_incarnations_asks_a_server_through_tensorflows_get_status_rpc():
+    import time
+
+    import cluster as cl
+    spec = cl.cluster_spec({"worker": 1, "ps": 1})
+    with cl.servers({"worker": spec["worker"]}):
+        channels = {}
+        first = tf_private.worker_incarnations(spec["worker"][0], 10, channels)
+        assert len(first) == 1 and first[0] != 0
+        assert tf_private.worker_incarnations(spec["worker"][0], 10, channels) == first
+        for channel in channels.values():
+            channel.close()
+    started = time.monotonic()
+    assert tf_private.worker_incarnations(spec["ps"][0], 5) is None   # nothing listens there
+    assert time.monotonic() - started < 5

@@ -21,8 +21,8 @@ the process ends with status 1 and, last on stderr, one line naming the lost tas
 (restart every worker: each resumes from its last checkpoint). With a heartbeat the collectives
 wait for slow peers forever: only the heartbeat decides a worker is gone (heartbeat 0: no watch,
 and every collective fails after `peer_timeout` instead). A worker restarted alone into a running
-group meets no one (the others never come back to the meeting, and leave once their heartbeat
-sees its new server): it stops with the same line, never joining their steps.
+group never joins their steps: the group leader refuses it at the first meeting (graphsync.peers);
+the others, whose heartbeat saw it go, stop at their next synchronized step.
 
 A process that is not one of several training tasks (a ps, an evaluator, a cluster of one) is
 synchronized within itself only, as plain AutoSync does.

@@ -35,9 +35,9 @@ import threading
 import time
 
 from graphsync.autosync import AutoSync
-from graphsync.heartbeat import DEFAULT_INTERVAL as DEFAULT_HEARTBEAT
 
 DEFAULT_PEER_TIMEOUT = 300.0
+DEFAULT_HEARTBEAT = 10.0   # seconds without an answer: lost (TensorFlow's coordination service's default too)
 CANCEL_GRACE = 3.0    # seconds a cancelled step may take to reach the script before the process is ended
 
 

@@ -27,8 +27,6 @@ import time
 from graphsync import tf_private
 from graphsync.cluster import ClusterTask, device_of, task_name
 
-DEFAULT_INTERVAL = 10.0   # seconds without an answer: lost (TensorFlow's coordination service's default too)
-
 
 @dataclasses.dataclass
 class LostWorker:
@@ -50,7 +48,7 @@ class LostWorker:
 class PeerWatch:
     """Checks every other training task of `task`'s cluster on a daemon thread (see module doc)."""
 
-    def __init__(self, task: ClusterTask, interval: float = DEFAULT_INTERVAL, on_lost=None, poll: float | None = None):
+    def __init__(self, task: ClusterTask, interval: float, on_lost=None, poll: float | None = None):
         self.task, self.interval, self.on_lost = task, interval, on_lost
         self.poll = poll if poll is not None else min(1.0, interval / 4)
         self.peers = [m for m in task.members if m != (task.job, task.index)]

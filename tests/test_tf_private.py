@@ -193,3 +193,20 @@ def test_graph_version_counts_ops_and_ids_follow_creation():
         [t.op.name for t in later] + ["imported/Const"]
     assert tf_private.ops_added_since(graph, graph.version) == []
     assert sorted(graph.get_operations(), key=tf_private.creation_order)[:5] == [t.op for t in first + later]
+
+
+def test_worker_incarnations_asks_a_server_through_tensorflows_get_status_rpc():
+    import time
+
+    import cluster as cl
+    spec = cl.cluster_spec({"worker": 1, "ps": 1})
+    with cl.servers({"worker": spec["worker"]}):
+        channels = {}
+        first = tf_private.worker_incarnations(spec["worker"][0], 10, channels)
+        assert len(first) == 1 and first[0] != 0
+        assert tf_private.worker_incarnations(spec["worker"][0], 10, channels) == first
+        for channel in channels.values():
+            channel.close()
+    started = time.monotonic()
+    assert tf_private.worker_incarnations(spec["ps"][0], 5) is None   # nothing listens there
+    assert time.monotonic() - started < 5

@@ -33,10 +33,22 @@ def switch_on(name: str) -> None:
 
 def switch_off(name: str) -> None:
     if name == "v1":
-        tf1.enable_v2_behavior()
-        tf1.disable_eager_execution()
+        _enable_v2_behavior_in_graph_mode()
     elif name == "control-flow-v1":
         tf1.enable_control_flow_v2()
+
+
+def _enable_v2_behavior_in_graph_mode() -> None:
+    """tf.compat.v1.enable_v2_behavior() without its enable_eager_execution(), which refuses once
+    any test of the process has used the global default graph (the tests stay in graph mode)."""
+    from tensorflow.python.compat import v2_compat
+    from tensorflow.python.framework import ops
+    enable_eager = ops.enable_eager_execution
+    ops.enable_eager_execution = lambda *args, **kwargs: None
+    try:
+        v2_compat.enable_v2_behavior()
+    finally:
+        ops.enable_eager_execution = enable_eager
 
 
 @contextlib.contextmanager

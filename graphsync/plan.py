@@ -119,7 +119,8 @@ def _match_and_pair(graph: tf.Graph, towers, device, process_group) -> Plan:
     skipped = [(c.name, c.skip_reason) for c in candidates if c.skip_reason]
     live = [c for c in candidates if not c.skip_reason]
     explicit = towers is not None
-    hidden = _calls_hiding_batch_norm(graph)
+    understood = {c.op for c in candidates if c.kind == "conditional" and c.parts}   # see match/conditional.py
+    hidden = [op for op in _calls_hiding_batch_norm(graph) if op not in understood]
     found_towers = find_towers([c.name for c in candidates] + [op.name for op in hidden], towers)
     _reject_hidden(hidden, [t for t in found_towers if explicit or t.prefix != ROOT])
     if not live:
@@ -200,12 +201,15 @@ def _layer_plan(name: str, per_tower, scopes) -> LayerPlan:
         raise GraphsyncError(
             f"layer {name!r} ({present[0].name}) is missing from tower(s) {', '.join(missing)}: "
             "every tower must build the same layers (or pass towers= to choose the towers)")
-    for op in present:
-        if tf_private.control_flow_context(op) is not None:
-            raise GraphsyncError(
-                f"{op.name} sits inside a v1 tf.cond/while_loop, which graphsync cannot rewrite: "
-                "pass training=True as a Python bool instead of a tensor")
     first, kind = present[0], per_tower[0][1].kind
+    if kind == "conditional":
+        from graphsync.conditional import layer_plan   # pylint: disable=import-outside-toplevel (a cycle)
+        return layer_plan(name, per_tower)
+    for op in present:
+        if tf_private.in_while_loop(op):
+            raise GraphsyncError(
+                f"{op.name} sits inside a v1 tf.while_loop, which graphsync cannot rewrite: "
+                "build the batch norm outside the loop")
     attrs = [_signature(cand) for _, cand in per_tower]
     for op, sig in zip(present[1:], attrs[1:]):
         if sig != attrs[0]:

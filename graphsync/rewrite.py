@@ -96,6 +96,7 @@ def _check(plan: Plan) -> None:
     """After the splice nothing may still read an old op: it would keep running every step."""
     for layer in plan.layers:
         for site in layer.sites:
+            site = site.parts.get("stand_in", site)   # a conditional layer's (graphsync/conditional.py)
             if layer.kind == "moments":
                 old = [(op, op.outputs[:1]) for op in (site.op, site.parts["variance"])]
             else:   # the fused op's reserve spaces stay read by its (dead) gradient ops

@@ -62,6 +62,14 @@ class LayerPlan:
         return bool(self.sites[0].grad_ops)
 
     @property
+    def shown_kind(self) -> str:
+        """What reports call the layer: "conditional" behind a tensor training flag (a v2 If, or a
+        fused op inside a v1 tf.cond), else its kind."""
+        if self.kind == "fused" and tf_private.control_flow_context(self.sites[0].op) is not None:
+            return "conditional"
+        return self.kind
+
+    @property
     def residual_epsilon(self) -> float | None:
         """The ε of a fused layer's residuals: its statistics kernel uploads Σ(x − m̂)/√(v + ε)
         (graphsync/fused.py), which the merge scales back; moments residuals are Σ(x − m̂) (None)."""

@@ -60,7 +60,7 @@ def _rewrite(graph, towers, device, strategy, group_size, process_group) -> Rewr
         count = splice.splice_layer(graph, layer, exchange)
         report.edges_moved += count.edges
         report.grad_ops_replaced += count.grads_replaced
-        report.layers.append(LayerReport(layer.name, layer.kind, tuple(s.op.name for s in layer.sites),
+        report.layers.append(LayerReport(layer.name, layer.shown_kind, tuple(s.op.name for s in layer.sites),
                                          "rewritten" if layer.has_gradients else "autodiff"))
     _check(plan)
     if report.changed:

@@ -1,0 +1,121 @@
+"""Batch norm behind a tensor-valued training flag (If/StatelessIf under control flow v2,
+Switch/Merge under v1): with the flag True one step of the rewritten graph equals one device on the
+concatenated batch (and the un-rewritten graph does not); with the flag False it computes what the
+original graph computes, and its statistics exchange does not run (measured from the step
+statistics of an evaluation step).
+
+Tolerances: float32 models this shallow agree with the reference to ~1e-6 (measured); with the flag
+False the rewritten graph runs the original ops (measured difference 0).
+"""
+import functools
+import warnings
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import conditional_models as cm
+import graphsync
+import towerlib as tl
+
+tf1 = tf.compat.v1
+TOLERANCE = 2e-5
+UNSYNCED_MIN_ERROR = 1e-3
+MODELS = {"layers": cm.layers_bn, "slim": cm.slim, "keras-layer": cm.keras_layers, "keras-model": cm.keras_model}
+INPUT, OUTPUT = (6, 6, 3), (5,)
+
+
+def _feed(built, x, t, batch_sizes, flag):
+    splits = np.cumsum(batch_sizes)[:-1]
+    feed = dict(zip(built.inputs, np.split(x, splits)))
+    feed.update(zip(built.targets, np.split(t, splits)))
+    feed[built.flag] = flag
+    return feed
+
+
+def _step(built, x, t, batch_sizes, flag):
+    """tl.run_step with the training flag fed."""
+    feed = _feed(built, x, t, batch_sizes, flag)
+    with tf1.Session(graph=built.graph, config=tl.CONFIG) as sess:
+        sess.run(tf1.global_variables_initializer())
+        outs, losses, grads = sess.run([built.outputs, built.losses, built.grads], feed)
+        sess.run(built.train_op, feed)
+        moving, variables = sess.run([built.moving, built.variables])
+    return {"output": np.concatenate([o.astype(np.float64) for o in outs]),
+            "loss": np.array(losses, np.float64), "grads": grads, "moving": moving, "variables": variables}
+
+
+def exchange_traffic(built, x, t, batch_sizes, flag):
+    """(ops, bytes) of the statistics exchange in one evaluation step (outputs and losses fetched),
+    from TensorFlow's step statistics: every op that ran in graphsync's aggregation scope or as a
+    collective, constants aside (they hold no statistic), and the bytes those ops produced."""
+    meta = tf1.RunMetadata()
+    with tf1.Session(graph=built.graph, config=tl.CONFIG) as sess:
+        sess.run(tf1.global_variables_initializer())
+        sess.run(built.outputs + built.losses, _feed(built, x, t, batch_sizes, flag),
+                 options=tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE), run_metadata=meta)
+    ops = n_bytes = 0
+    for device in meta.step_stats.dev_stats:
+        for node in device.node_stats:
+            kind = node.timeline_label.partition(" = ")[2].partition("(")[0]
+            exchange = node.node_name.startswith("graphsync/") or "Collective" in kind
+            if exchange and kind != "Const":
+                ops += 1
+                n_bytes += sum(o.tensor_description.allocation_description.requested_bytes for o in node.output)
+    return ops, n_bytes
+
+
+def _build(model, batch_sizes, version, **kw):
+    with cm.control_flow(version):
+        built = tl.build(model, batch_sizes, input_shape=INPUT, **kw)
+    built.flag = model.flag(built.graph)
+    return built
+
+
+@functools.lru_cache(maxsize=None)
+def _data(batch_sizes):
+    return tl.data(list(batch_sizes), INPUT, OUTPUT)
+
+
+@functools.lru_cache(maxsize=None)
+def _reference(flavour, version, batch_sizes):
+    """One device, the concatenated batch, flag True; per-tower losses on its slices."""
+    x, t = _data(batch_sizes)
+    ref = _build(MODELS[flavour](), [sum(batch_sizes)], version, scope="", devices=["/cpu:0"],
+                 grad_divisor=len(batch_sizes))
+    result = _step(ref, x, t, [sum(batch_sizes)], True)
+    per_example = np.square(result["output"] - t.astype(np.float64)).reshape(len(x), -1).sum(1) * 0.5
+    result["loss"] = np.array([p.sum() for p in np.split(per_example, np.cumsum(batch_sizes)[:-1])])
+    return result
+
+
+def _errors(got, want):
+    return {k: tl.max_rel_error(got[k], want[k]) for k in want}
+
+
+CASES = [(f, v, g, b) for f in MODELS for v in ("v2", "v1") for g, b in (("after", (3, 5)), ("before", (2, 3, 4)))]
+
+
+@pytest.mark.parametrize("flavour,version,gradients,batch_sizes", CASES,
+                         ids=[f"{f}-{v}-{g}-{'x'.join(map(str, b))}" for f, v, g, b in CASES])
+def test_flag_true_equals_one_device_flag_false_equals_original(flavour, version, gradients, batch_sizes):
+    x, t = _data(batch_sizes)
+    reports = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", graphsync.GraphsyncWarning)
+        built = _build(MODELS[flavour](), list(batch_sizes), version, gradients=gradients,
+                       rewrite=lambda g: reports.append(graphsync.rewrite_towers(g)))
+    original = _build(MODELS[flavour](), list(batch_sizes), version, gradients=gradients)
+    assert len(reports[0].layers) == 2 and {l.kind for l in reports[0].layers} == {"conditional"}, reports[0]
+
+    errors = _errors(_step(built, x, t, batch_sizes, True), _reference(flavour, version, batch_sizes))
+    assert max(errors.values()) < TOLERANCE, errors
+    unsynced = _errors(_step(original, x, t, batch_sizes, True), _reference(flavour, version, batch_sizes))
+    for key in ("output", "loss", "grads", "moving"):
+        assert unsynced[key] > UNSYNCED_MIN_ERROR, (key, unsynced)
+
+    evaluation = _errors(_step(built, x, t, batch_sizes, False), _step(original, x, t, batch_sizes, False))
+    assert max(evaluation.values()) == 0.0, evaluation
+    assert exchange_traffic(built, x, t, batch_sizes, False) == (0, 0)
+    ops, n_bytes = exchange_traffic(built, x, t, batch_sizes, True)
+    assert ops > 0 and n_bytes > 0   # the measurement sees the exchange when it runs

@@ -94,7 +94,7 @@ def _gate(graph, tensor: tf.Tensor, pred: tf.Tensor, branch: int, device: str) -
     """Switch(tensor, pred), on the tensor's own device for resource handles (placement keeps a
     handle with its variable)."""
     on = tensor.op.device if tensor.dtype == tf.resource else device
-    with graph.device(on):
+    with graph.device(None), graph.device(on):
         switch = create_op(graph, "Switch", [tensor, pred],
                            {"T": attr_value_pb2.AttrValue(type=tensor.dtype.as_datatype_enum),
                             GATE_ATTR: attr_value_pb2.AttrValue(b=True)}, "gate")

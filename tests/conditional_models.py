@@ -115,18 +115,24 @@ def keras_model(depth=2):
 
     def model(x):
         if x.graph not in per_graph:
-            init = tf_keras.initializers.GlorotUniform(seed=1)
-            inputs = tf_keras.Input(x.shape[1:])
-            h = tf_keras.layers.Conv2D(4, 3, padding="same", use_bias=False, kernel_initializer=init)(inputs)
-            for i in range(depth):
-                h = tf_keras.layers.BatchNormalization(
-                    gamma_initializer=tf_keras.initializers.RandomUniform(0.5, 1.5, seed=i))(h)
-                h = tf_keras.layers.Conv2D(4, 3, padding="same", use_bias=False, kernel_initializer=init)(
-                    tf_keras.layers.ReLU()(h))
-            h = tf_keras.layers.GlobalAveragePooling2D()(h)
-            per_graph[x.graph] = tf_keras.Model(inputs, tf_keras.layers.Dense(5, kernel_initializer=init)(h))
+            per_graph[x.graph] = _functional(tf_keras, x.shape[1:], depth)
         net = per_graph[x.graph]
         y = net(x)
         return y, net.get_updates_for(x)
     model.flag = learning_phase
     return model
+
+
+def _functional(tf_keras, shape, depth):
+    """Built outside the towers, as scripts build a model before their tower loop."""
+    with tf1.name_scope(None), tf.device(None):
+        init = tf_keras.initializers.GlorotUniform(seed=1)
+        inputs = tf_keras.Input(shape)
+        h = tf_keras.layers.Conv2D(4, 3, padding="same", use_bias=False, kernel_initializer=init)(inputs)
+        for i in range(depth):
+            h = tf_keras.layers.BatchNormalization(
+                gamma_initializer=tf_keras.initializers.RandomUniform(0.5, 1.5, seed=i))(h)
+            h = tf_keras.layers.Conv2D(4, 3, padding="same", use_bias=False, kernel_initializer=init)(
+                tf_keras.layers.ReLU()(h))
+        h = tf_keras.layers.GlobalAveragePooling2D()(h)
+        return tf_keras.Model(inputs, tf_keras.layers.Dense(5, kernel_initializer=init)(h))

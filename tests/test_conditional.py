@@ -119,3 +119,36 @@ def test_flag_true_equals_one_device_flag_false_equals_original(flavour, version
     assert exchange_traffic(built, x, t, batch_sizes, False) == (0, 0)
     ops, n_bytes = exchange_traffic(built, x, t, batch_sizes, True)
     assert ops > 0 and n_bytes > 0   # the measurement sees the exchange when it runs
+
+
+@pytest.mark.parametrize("version", ["v2", "v1"])
+def test_allreduce(version):
+    batch_sizes = (3, 5)
+    x, t = _data(batch_sizes)
+    built = _build(MODELS["layers"](), list(batch_sizes), version,
+                   rewrite=lambda g: graphsync.rewrite_towers(g, strategy="allreduce"))
+    errors = _errors(_step(built, x, t, batch_sizes, True), _reference("layers", version, batch_sizes))
+    assert max(errors.values()) < TOLERANCE, errors
+    original = _build(MODELS["layers"](), list(batch_sizes), version)
+    evaluation = _errors(_step(built, x, t, batch_sizes, False), _step(original, x, t, batch_sizes, False))
+    assert max(evaluation.values()) == 0.0, evaluation
+    assert exchange_traffic(built, x, t, batch_sizes, False) == (0, 0)
+    assert exchange_traffic(built, x, t, batch_sizes, True)[0] > 0
+
+
+def test_towers_behind_different_flags_are_refused():
+    def model(x):
+        flag = tf1.placeholder_with_default(True, [], name="is_training")   # one per tower
+        h = tf1.layers.batch_normalization(x, training=flag, fused=True, name="bn")
+        return tf.reduce_mean(h, [1, 2]), []
+    built = tl.build(model, [2, 2], input_shape=INPUT)
+    before = built.graph.as_graph_def()
+    with pytest.raises(graphsync.GraphsyncError, match=r"different training flag.*tower_0/is_training.*tower_1/is_training"):
+        graphsync.rewrite_towers(built.graph)
+    assert built.graph.as_graph_def() == before
+
+
+def test_rewriting_twice_changes_nothing():
+    built = _build(MODELS["layers"](), [2, 3], "v2", rewrite=graphsync.rewrite_towers)
+    report = graphsync.rewrite_towers(built.graph)
+    assert not report.changed and "already synchronized" in report.summary, report

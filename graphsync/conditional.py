@@ -35,21 +35,26 @@ from graphsync.tf_private import create_op, pristine_scope, update_input
 STAND_IN_GRADIENT = "GraphsyncConditionalStandIn"   # also in match.GRAPHSYNC_GRADIENTS: never differentiated
 
 
-def predicate(op: tf.Operation) -> tf.Tensor:
-    """The If's predicate past Identity ops, which copy it without changing it."""
-    pred = op.inputs[0]
+def predicate(pred: tf.Tensor) -> tf.Tensor:
+    """A predicate past Identity ops, which copy it without changing it."""
     while pred.op.type == "Identity":
         pred = pred.op.inputs[0]
     return pred
 
 
-def layer_plan(name: str, per_tower) -> LayerPlan:
-    """One conditional layer: the same If in every tower, reading the same flag."""
-    flags = {t.label: predicate(c.op) for t, c in per_tower}
-    if len({f.ref() for f in flags.values()}) > 1:
-        listed = ", ".join(f"{label} reads {flag.name}" for label, flag in flags.items())
+def check_one_flag(name: str, flags: dict) -> None:
+    """Refuses a layer whose towers read different flag tensors ({tower label: predicate}), which
+    could train some towers and evaluate others in one step."""
+    if len({f.ref() if f is not None else None for f in flags.values()}) > 1:
+        listed = ", ".join(f"{label} reads {flag.name if flag is not None else 'no flag'}"
+                           for label, flag in flags.items())
         raise GraphsyncError(f"layer {name!r} is behind a different training flag in each tower ({listed}): "
                              "feed every tower the same flag tensor")
+
+
+def layer_plan(name: str, per_tower) -> LayerPlan:
+    """One conditional layer: the same If in every tower, reading the same flag."""
+    check_one_flag(name, {t.label: predicate(c.op.inputs[0]) for t, c in per_tower})
     signatures = [_signature(c) for _, c in per_tower]
     first = per_tower[0][1].op
     for (_, cand), sig in zip(per_tower[1:], signatures[1:]):

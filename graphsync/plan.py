@@ -218,6 +218,10 @@ def _layer_plan(name: str, per_tower, scopes) -> LayerPlan:
             raise GraphsyncError(
                 f"{op.name} sits inside a v1 tf.while_loop, which graphsync cannot rewrite: "
                 "build the batch norm outside the loop")
+    flags = {t.label: tf_private.cond_predicate(cand.op) for t, cand in per_tower}
+    if any(f is not None for f in flags.values()):   # a v1 tf.cond around the op (a tensor training flag)
+        from graphsync.conditional import check_one_flag, predicate   # pylint: disable=import-outside-toplevel
+        check_one_flag(name, {label: predicate(f) if f is not None else None for label, f in flags.items()})
     attrs = [_signature(cand) for _, cand in per_tower]
     for op, sig in zip(present[1:], attrs[1:]):
         if sig != attrs[0]:

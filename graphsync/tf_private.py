@@ -43,6 +43,12 @@ def in_while_loop(op: tf.Operation) -> bool:
     return context is not None and context.GetWhileContext() is not None
 
 
+def cond_predicate(op: tf.Operation):
+    """The predicate of the innermost v1 `tf.cond` around `op`, or None."""
+    context = control_flow_context(op)
+    return getattr(context, "pred", None) if context is not None else None
+
+
 def function_library(graph: tf.Graph) -> dict:
     """Name → FunctionDef of every function the graph holds (bodies of If/While/PartitionedCall)."""
     return {name: fn.cached_definition if hasattr(fn, "cached_definition") else fn.definition

@@ -152,3 +152,16 @@ def test_rewriting_twice_changes_nothing():
     built = _build(MODELS["layers"](), [2, 3], "v2", rewrite=graphsync.rewrite_towers)
     report = graphsync.rewrite_towers(built.graph)
     assert not report.changed and "already synchronized" in report.summary, report
+
+
+def test_private_control_flow_helpers():
+    """tf_private.cond_predicate and in_while_loop read TensorFlow's v1 control-flow contexts."""
+    from graphsync import tf_private
+    with cm.control_flow("v1"), tf.Graph().as_default():
+        flag = tf1.placeholder(tf.bool, [])
+        inside = []
+        tf.cond(flag, lambda: inside.append(tf.identity(1.0)) or inside[-1], lambda: tf.constant(0.0))
+        loop = []
+        tf.while_loop(lambda i: i < 3, lambda i: loop.append(tf.identity(i)) or loop[-1] + 1, [0])
+    assert tf_private.cond_predicate(inside[0].op) is flag and not tf_private.in_while_loop(inside[0].op)
+    assert tf_private.in_while_loop(loop[0].op) and tf_private.cond_predicate(flag.op) is None

@@ -50,6 +50,7 @@ class GradientIf:
     op: tf.Operation
     dy: int
     outputs: tuple   # (dx, dγ, dβ) output indices
+    node: str = ""   # the FusedBatchNormGrad's name in the body
 
 
 def _parse(ref: str):
@@ -158,7 +159,7 @@ def _gradient_ifs(op: tf.Operation, branch: int, library: dict) -> list | str:
                 outputs[_GRAD_OUTPUTS[out]] = index
         if dy is None or outputs[0] is None:
             return f"cannot tell dy and dx of its gradient {grad.name}"
-        grads.append(GradientIf(grad, dy + 1, tuple(outputs)))
+        grads.append(GradientIf(grad, dy + 1, tuple(outputs), node.name))
     return grads
 
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from graphsync import match
+from graphsync import match, tf_private
+from graphsync.conditional import predicate
+from graphsync.match import conditional
 from graphsync.towers import Tower, tower_of
 from graphsync.verification import trace
 
@@ -20,8 +22,31 @@ def batch_norm_ops(graph: tf.Graph, towers: list[Tower]) -> list[str]:
             names.extend(g.name for g in match.fused_gradient_ops(op))
         elif op.type == "SquaredDifference":
             names.extend(_moments_ops(graph, op))
+    for cand in conditional.candidates(graph):   # as trace.executed names what ran inside an If
+        if cand.parts:
+            names.append(f"{cand.name}/{cand.parts['node'].name}")
+            names.extend(f"{grad.op.name}/{grad.node}" for grad in cand.parts["grads"])
     return sorted({n for n in names if tower_of(n, towers) is not None and not n.startswith("graphsync/")
                    and "_sync/" not in n and "_sync_grad_" not in n})
+
+
+def training_flags(graph: tf.Graph, towers: list[Tower]) -> list[tf.Tensor]:
+    """The placeholders that switch the towers' batch norms between training and inference (the
+    predicate of a conditional batch norm's If, or of the v1 tf.cond around a fused op): verify
+    must feed them True, or it would compare two inference runs."""
+    flags = {}
+    for cand in conditional.candidates(graph):
+        if cand.parts and tower_of(cand.name, towers) is not None:
+            flag = predicate(cand.op.inputs[0])
+            flags[flag.name] = flag
+    for op in graph.get_operations():
+        if op.type in match.FUSED_TYPES and match.is_training(op) and tower_of(op.name, towers) is not None:
+            pred = tf_private.cond_predicate(op)
+            if pred is not None:
+                flag = predicate(pred)
+                flags[flag.name] = flag
+    return [f for _, f in sorted(flags.items()) if f.op.type in ("Placeholder", "PlaceholderWithDefault")
+            and f.shape.rank == 0]
 
 
 def _moments_ops(graph: tf.Graph, sqdiff: tf.Operation) -> list[str]:

@@ -47,22 +47,28 @@ def _step(built, x, t, batch_sizes, flag):
 
 def exchange_traffic(built, x, t, batch_sizes, flag):
     """(ops, bytes) of the statistics exchange in one evaluation step (outputs and losses fetched),
-    from TensorFlow's step statistics: every op that ran in graphsync's aggregation scope or as a
-    collective, constants aside (they hold no statistic), and the bytes those ops produced."""
+    from TensorFlow's step statistics: the ops that ran in graphsync's aggregation scope or as
+    collectives, constants aside (they hold no statistic), and the bytes the synchronized layers
+    moved across devices (the cross-device edges `graphsync verify` counts per layer)."""
+    from graphsync.towers import find_towers
+    from graphsync.verification import trace
+    from graphsync.verification.discovery import batch_norm
     meta = tf1.RunMetadata()
     with tf1.Session(graph=built.graph, config=tl.CONFIG) as sess:
         sess.run(tf1.global_variables_initializer())
         sess.run(built.outputs + built.losses, _feed(built, x, t, batch_sizes, flag),
-                 options=tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE), run_metadata=meta)
-    ops = n_bytes = 0
+                 options=tf1.RunOptions(trace_level=tf1.RunOptions.FULL_TRACE, output_partition_graphs=True),
+                 run_metadata=meta)
+    ops = 0
     for device in meta.step_stats.dev_stats:
         for node in device.node_stats:
             kind = node.timeline_label.partition(" = ")[2].partition("(")[0]
-            exchange = node.node_name.startswith("graphsync/") or "Collective" in kind
-            if exchange and kind != "Const":
+            if (node.node_name.startswith("graphsync/") or "Collective" in kind) and kind != "Const":
                 ops += 1
-                n_bytes += sum(o.tensor_description.allocation_description.requested_bytes for o in node.output)
-    return ops, n_bytes
+    towers = find_towers([op.name for op in built.graph.get_operations()])
+    layers, _ = trace.traffic(meta, batch_norm.synchronized_layers(built.graph, towers), towers)
+    assert layers
+    return ops, sum(layer.total for layer in layers)
 
 
 def _build(model, batch_sizes, version, **kw):

@@ -43,8 +43,10 @@ def discover(graph: tf.Graph, *, towers=None, inputs=None, loss=None, num_classe
     by_user = [_named(graph, found_towers, name, num_classes) for name in (inputs or [])]
     by_user += [given_input(names.tensor(graph, name), value) for name, value in (feeds or {}).items()]
     fed_by_user = {t for item in by_user for t in item.tensors}
+    flags = []
     for flag in batch_norm.training_flags(graph, found_towers):
         if flag.name not in fed_by_user:
+            flags.append(flag.name)
             by_user.append(given_input(flag, True))
             by_user[-1].origin = "the towers' training flag: fed True so that their batch norms train"
             notes.append(f"fed {flag.name} = True, the flag under which the towers' batch norms train "
@@ -56,7 +58,7 @@ def discover(graph: tf.Graph, *, towers=None, inputs=None, loss=None, num_classe
         raise GraphsyncError("found no batch input to feed (no placeholder, input pipeline or random input "
                              "read by the towers): name the tensors that carry each tower's examples with "
                              "--input NAME")
-    fed = {t for i in found_inputs for t in i.tensors}
+    fed = {t for i in found_inputs for t in i.tensors} - set(flags)   # what the examples reach, not the flag
     downstream = state.downstream(graph, fed)
     updates = [w.inputs[1].name for w in writes if w.inputs[1].op in downstream]
     if not (loss_tensors or gradients or updates):

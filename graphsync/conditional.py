@@ -139,6 +139,25 @@ def _forward_attrs(node, gradient=None, forward=True) -> dict:
     return attrs
 
 
+def _other_gradients(graph, grad, operand_plans, operands, n) -> dict:
+    """The gradient If's other outputs (those of the moving statistics, which the training branch
+    gives as zeros), merged with zeros shaped like the stand-in's operand: output k differentiates
+    the If's input k + 1 (how cond_v2 builds it). Every output then lives in both branches, so
+    gradient code that waits for all of them (tf.gradients' gate_gradients tuples) never waits for
+    a dead one."""
+    taken = {i for i in grad.outputs if i is not None}
+    by_input = {plan.index: tensor for plan, tensor in zip(operand_plans, operands) if plan.how != "const"}
+    merged = {}
+    for k, old in enumerate(grad.op.outputs):
+        like = by_input.get(k + 1)
+        if k in taken or like is None or like.dtype != old.dtype:
+            continue
+        zeros = create_op(graph, "ZerosLike", [like], {"T": attr_value_pb2.AttrValue(type=like.dtype.as_datatype_enum)},
+                          f"grad_{n}_zeros").outputs[0]
+        merged[k] = _merge(graph, zeros, old, f"grad_{n}_merge")
+    return merged
+
+
 def stand_in(graph, layer: LayerPlan) -> tuple[LayerPlan, int]:
     """Gates every tower's If and builds its stand-in fused layer (module docstring); returns the
     fused LayerPlan that graphsync/splice.py synchronizes, and the edges moved."""
@@ -161,18 +180,21 @@ def stand_in(graph, layer: LayerPlan) -> tuple[LayerPlan, int]:
                                     _forward_attrs(node, forward=False), f"stand_in_grad_{n}")
                 grad_merged = {j: _merge(graph, grad_op.outputs[j], grad.op.outputs[i], f"grad_{n}_merge")
                                for j, i in enumerate(grad.outputs) if i is not None}
-                grad_ops.append((grad, dy, grad_op, grad_merged))
+                others = _other_gradients(graph, grad, parts["operands"], operands, n)
+                grad_ops.append((grad, dy, grad_op, grad_merged, others))
         for i, gate in gates.items():
             update_input(op, i, gate.other)
         for k, i in parts["outputs"].items():
             moved += _reroute(op.outputs[i], merged[k])
         moved += reroute_control_outputs(op, [merged[0].op])
-        for grad, dy, grad_op, grad_merged in grad_ops:
+        for grad, dy, grad_op, grad_merged, others in grad_ops:
             update_input(grad.op, grad.dy, dy.other)
             for j, i in enumerate(grad.outputs):
                 if i is not None:
                     moved += _reroute(grad.op.outputs[i], grad_merged[j])
+            for i, merged_zeros in others.items():
+                moved += _reroute(grad.op.outputs[i], merged_zeros)
             moved += reroute_control_outputs(grad.op, [grad_merged[0].op])
-        parts["stand_in"] = Site(site.tower, fused, [g for _, _, g, _ in grad_ops])
+        parts["stand_in"] = Site(site.tower, fused, [g for _, _, g, _, _ in grad_ops])
         sites.append(parts["stand_in"])
     return dataclasses.replace(layer, kind="fused", sites=sites), moved

@@ -172,3 +172,38 @@ def test_private_control_flow_helpers():
     from graphsync.conditional import predicate
     assert predicate(tf_private.cond_predicate(inside[0].op)) is flag and not tf_private.in_while_loop(inside[0].op)
     assert tf_private.in_while_loop(loop[0].op) and tf_private.cond_predicate(flag.op) is None
+
+
+def test_keras_application_behind_the_learning_phase():
+    """MobileNetV2 (52 batch norms) called without training= in a tower loop: each batch norm is an
+    If on the learning phase. verify feeds the flag True by itself and says so; it fails before the
+    rewrite and passes after (MobileNetV2 at initialization amplifies float rounding: the check is
+    the verdict and the gap to the original, as in test_verify.py)."""
+    import tf_keras
+    tf_keras.utils.set_random_seed(0)
+    graph = tf.Graph()
+    with graph.as_default():
+        tf1.set_random_seed(0)
+        model = tf_keras.applications.MobileNetV2(input_shape=(32, 32, 3), alpha=0.35, weights=None, classes=5)
+        optimizer = tf1.train.GradientDescentOptimizer(0.1)
+        tower_grads = []
+        for i in range(2):
+            with tf.device(f"/cpu:{i}"), tf1.name_scope(f"tower_{i}"):
+                images = tf1.placeholder(tf.float32, [None, 32, 32, 3], name="images")
+                labels = tf1.placeholder(tf.int32, [None], name="labels")
+                loss = tf.reduce_mean(tf_keras.losses.sparse_categorical_crossentropy(labels, model(images)),
+                                      name="loss")
+                if i == 0:
+                    updates = model.get_updates_for(images)
+                tower_grads.append(optimizer.compute_gradients(loss, model.trainable_variables))
+        averaged = [(tf.add_n([g for g, _ in gv]) / 2, gv[0][1]) for gv in zip(*tower_grads)]
+        with tf.control_dependencies(updates):
+            optimizer.apply_gradients(averaged)
+    before = graphsync.verify(graph)
+    report = graphsync.rewrite_towers(graph)
+    after = graphsync.verify(graph)
+    assert len(report.layers) == 52 and {l.kind for l in report.layers} == {"conditional"}
+    assert not before.passed and after.passed, after.format()
+    assert after.rewritten.largest()[1] * 10 < before.rewritten.largest()[1]
+    assert after.rewritten.batch_norm_running == [] and before.rewritten.batch_norm_running
+    assert any("keras_learning_phase" in note and "True" in note for note in after.notes), after.notes

@@ -41,7 +41,7 @@ INPUT = (32, 32, 3)
 CLASSES = 10
 
 
-def build(model_name: str, towers: int):
+def build(model_name: str, towers: int, scope: str = "tower_%d"):
     """The multi-tower training graph; returns (graph, {phase: (wall s, cpu s)})."""
     graph = tf.Graph()
     marks = [(time.perf_counter(), time.process_time())]
@@ -53,7 +53,7 @@ def build(model_name: str, towers: int):
         opt = tf1.train.GradientDescentOptimizer(0.1)
         tower_grads, updates = [], []
         for i in range(towers):
-            with tf.device(f"/cpu:{i % 4}"), tf.name_scope(f"tower_{i}"):
+            with tf.device(f"/cpu:{i % 4}"), tf.name_scope(scope % i):
                 x = tf1.placeholder(tf.float32, (None,) + INPUT, name="images")
                 labels = tf1.placeholder(tf.int32, (None,), name="labels")
                 probs = model(x, training=True)
@@ -74,13 +74,13 @@ def build(model_name: str, towers: int):
     return graph, {"keras": span(0, 1), "tower_loop": span(1, 2), "build": span(0, 2)}
 
 
-def batch_norms_per_tower(graph, towers):
+def batch_norms_per_tower(graph, towers, scope="tower_%d"):
     """Training-mode FusedBatchNormV3 ops in tower 0, after checking every tower has as many and
     that they are all fused V3 in training mode."""
     counts = []
     for i in range(towers):
         ops = [op for op in graph.get_operations()
-               if op.name.startswith(f"tower_{i}/") and op.type.startswith("FusedBatchNorm")
+               if op.name.startswith(scope % i + "/") and op.type.startswith("FusedBatchNorm")
                and not op.type.startswith("FusedBatchNormGrad")]
         bad = [op.name for op in ops if op.type != "FusedBatchNormV3" or not op.get_attr("is_training")]
         if bad:
@@ -91,10 +91,10 @@ def batch_norms_per_tower(graph, towers):
     return counts[0]
 
 
-def measure_one(model_name: str, towers: int, profile_top: int = 0):
+def measure_one(model_name: str, towers: int, profile_top: int = 0, scope: str = "tower_%d"):
     """One configuration, in this (fresh) process."""
-    graph, times = build(model_name, towers)
-    layers = batch_norms_per_tower(graph, towers)
+    graph, times = build(model_name, towers, scope)
+    layers = batch_norms_per_tower(graph, towers, scope)
     ops_before = len(graph.get_operations())
     profiler = cProfile.Profile() if profile_top else None
     wall0, cpu0 = time.perf_counter(), time.process_time()
@@ -129,10 +129,10 @@ def _profile_text(profiler, top):
     return out.getvalue()
 
 
-def run_child(model_name, towers, profile_top):
+def run_child(model_name, towers, profile_top, scope="tower_%d"):
     """measure_one in a fresh interpreter; returns its row."""
     args = [sys.executable, os.path.abspath(__file__), "--one", model_name, str(towers),
-            "--profile-top", str(profile_top)]
+            "--profile-top", str(profile_top), "--scope", scope]
     done = subprocess.run(args, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"{model_name} x{towers} failed:\n{done.stderr[-3000:]}")
@@ -147,11 +147,13 @@ def main(argv=None):
                         help="also cProfile the rewrite of the first model at this tower count (a separate "
                              "run) and print the top functions")
     parser.add_argument("--json")
+    parser.add_argument("--scope", default="tower_%d",
+                        help="the towers' name scope (gpu_%%d: towers found by structure, not by a known name)")
     parser.add_argument("--one", nargs=2, metavar=("MODEL", "TOWERS"), help=argparse.SUPPRESS)
     parser.add_argument("--profile-top", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:
-        row = measure_one(args.one[0], int(args.one[1]), args.profile_top)
+        row = measure_one(args.one[0], int(args.one[1]), args.profile_top, args.scope)
         print("ROW " + json.dumps(row))
         return
 
@@ -159,7 +161,7 @@ def main(argv=None):
     rows, profiles = [], []
     for model_name in args.models:
         for towers in args.towers:
-            row = run_child(model_name, towers, 0)
+            row = run_child(model_name, towers, 0, args.scope)
             rows.append(row)
             print(f"  {model_name} x{towers}: build {row['build']:.2f} s ({row['build_cpu']:.2f} CPU), rewrite "
                   f"{row['rewrite']:.2f} s ({row['rewrite_cpu']:.2f} CPU); {row['summary']}",

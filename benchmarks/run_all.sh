@@ -12,7 +12,7 @@ snap=/tmp/graphsync-bench-$(git rev-parse --short "$rev")
 benchmarks/snapshot.sh "$rev" "$snap"
 mkdir -p benchmarks/results
 shift || true
-for b in ${@:-accuracy traffic step_overhead step_work rewrite_cost cli_end_to_end distributed_steps exchange_cost}; do
+for b in ${@:-accuracy traffic step_overhead step_work rewrite_cost cli_end_to_end distributed_steps exchange_cost run_overhead}; do
   echo "== $b" >&2
   script=$b extra=()
   [ "$b" = rewrite_cost ] && extra=(--profile 4)

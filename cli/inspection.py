@@ -72,6 +72,7 @@ def _inspection(loaded, plan) -> dict:
             "ops": len(loaded.graph.get_operations()),
             "towers": [{"name": t.label, "prefix": t.prefix, "device": devices.get(t.label, "")}
                        for t in plan.towers],
+            "towers_found_by": plan.found_by,
             "device": plan.device, "strategy": plan.strategy,
             "groups": [[plan.towers[i].label for i in g] for g in plan.groups],
             "layers": layers, "skipped": skipped, "summary": summary}
@@ -98,7 +99,7 @@ def _format_inspection(info: dict, verbose: bool) -> str:
     lines = [f"{info['input']}: {info['format']}"
              + (f" (tags {','.join(info['tags'])})" if info["tags"] else "") + f", {info['ops']} ops"]
     towers = info["towers"]
-    lines.append(f"towers ({len(towers)}):" + ("" if towers else " none"))
+    lines.append(f"towers ({len(towers)}):" + (f" found by {info['towers_found_by']}" if towers else " none"))
     for t in towers:
         lines.append(f"  {t['name']:<12} {t['device'] or '(no device)'}")
     if info["layers"]:

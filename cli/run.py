@@ -1,5 +1,5 @@
 """`graphsync run`: an unchanged training script, run as `python` would, with every multi-tower
-graph synchronized just before its first session or finalization (see graphsync.autosync).
+graph synchronized just before its first session, finalization or run (see graphsync.autosync).
 
 The script gets what `python SCRIPT ARGS` (or `python -m MODULE ARGS`) gives it: sys.argv,
 __name__ == "__main__", __file__, sys.path[0], the same standard streams, its exit status, and an
@@ -58,13 +58,14 @@ Examples:
 \b
 Exit status: the script's (an uncaught exception: 1, with its traceback); 1 when a graph cannot
 be synchronized (one line on stderr, the graph untouched; --on-error=warn runs on instead);
-2 usage error.""")
+1 when another between-graph worker is lost (last line on stderr names it); 2 usage error.""")
 @click.option("-m", "module", metavar="MODULE", help="Run library module MODULE as a script, as python -m does.")
 @shell.towers_option
 @shell.device_option
 @shell.strategy_option
 @shell.group_size_option
 @shell.peer_timeout_option
+@shell.heartbeat_option
 @click.option("--report", "report_path", metavar="FILE", type=click.Path(dir_okay=False),
               help="Write the report of every rewritten graph to FILE as JSON when the script ends.")
 @click.option("--on-error", type=click.Choice(["fail", "warn"]), default="fail", show_default=True,
@@ -73,19 +74,23 @@ be synchronized (one line on stderr, the graph untouched; --on-error=warn runs o
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")
 @click.option("-v", "--verbose", is_flag=True, help="Say more: every layer, and the graphs left alone.")
 @click.argument("script_args", metavar="SCRIPT [ARGS]...", nargs=-1, type=click.UNPROCESSED)
-def run(module, towers, device, strategy, group_size, peer_timeout, report_path, on_error, quiet, verbose,
-        script_args):
+def run(module, towers, device, strategy, group_size, peer_timeout, heartbeat, report_path, on_error, quiet,
+        verbose, script_args):
     """Run a training script unchanged, with every batch norm of every tower synchronized.
 
     Each multi-tower graph is rewritten once, just before the first session is created on it
-    (tf.compat.v1.Session, InteractiveSession, MonitoredTrainingSession, Supervisor …) or before
-    it is finalized, whichever comes first; stderr gets one line per rewritten graph. Graphs
-    without towers or without batch norm, and graphs the script rewrites itself, are left alone.
+    (tf.compat.v1.Session, InteractiveSession, MonitoredTrainingSession, Supervisor …), before
+    it is finalized, or, for a session opened before the towers were built, at its first run
+    after they exist; stderr gets one line per rewritten graph. Graphs without towers or without
+    batch norm, and graphs the script rewrites itself, are left alone. A tower that an open
+    session already ran before the others were built cannot be synchronized: one line, and exit
+    status 1 (or, with --on-error=warn, the script runs on unsynchronized).
 
     On a between-graph worker (its cluster and task from the tf.distribute.Server the script
     creates, else from TF_CONFIG), the towers of every worker process are synchronized together
     through cross-process collectives (--strategy is then allreduce), after a bounded wait for
-    the other workers (--peer-timeout).
+    the other workers (--peer-timeout); a worker lost later (its server silent for --heartbeat
+    seconds, or restarted) stops every other one, with status 1 and one line naming it.
     """
     if quiet and verbose:
         raise click.UsageError("choose -q or -v, not both")
@@ -100,7 +105,8 @@ def run(module, towers, device, strategy, group_size, peer_timeout, report_path,
     from graphsync.between_graph import BetweenGraphSync
     options = {k: v for k, v in (("towers", towers), ("device", device), ("strategy", strategy),
                                  ("group_size", group_size)) if v is not None}
-    autosync = BetweenGraphSync(on_error=on_error, quiet=quiet, verbose=verbose, peer_timeout=peer_timeout, **options)
+    autosync = BetweenGraphSync(on_error=on_error, quiet=quiet, verbose=verbose, peer_timeout=peer_timeout,
+                                heartbeat=heartbeat, **options)
     with autosync:
         try:
             if module is None:

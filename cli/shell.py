@@ -244,7 +244,7 @@ def check_device(device: str | None) -> None:
 towers_option = click.option(
     "--towers", metavar="REGEX", callback=check_regex,
     help="Regular expression whose match at the start of an op name is its tower's scope "
-         "(default: discover tower_0/, tower0/, clone_0/, replica_1/ …).")
+         "(default: found by structure, e.g. gpu_0/, gpu_1/ …; known names tower_0/, tower0/, clone_0/, replica_1/ first).")
 device_option = click.option(
     "--device", metavar="DEV",
     help="Device that combines the towers' statistics (default: CPU 0 of tower 0's host).")
@@ -257,8 +257,13 @@ group_size_option = click.option(
     help="Synchronize within consecutive groups of K towers (default: all towers).")
 peer_timeout_option = click.option(
     "--peer-timeout", type=click.FloatRange(min=0), default=300, show_default=True, metavar="SECONDS",
-    help="Between-graph workers: how long a worker waits for the others (at its first step, and in "
-         "every cross-process collective) before failing with one line; 0 waits forever.")
+    help="Between-graph workers: how long a worker waits for the others (at its first step, and, with "
+         "no heartbeat or under `graphsync rewrite`, in every cross-process collective) before failing with "
+         "one line; 0 waits forever.")
+heartbeat_option = click.option(
+    "--heartbeat", type=click.FloatRange(min=0), default=10, show_default=True, metavar="SECONDS",
+    help="Between-graph workers: a worker whose server answers no health check for SECONDS is lost, and "
+         "every other worker stops with one line naming it (slow steps are waited for); 0: no heartbeat.")
 tags_option = click.option(
     "--tags", metavar="TAGS",
     help="SavedModel input: comma-separated tags of the meta graph to use (needed when it has several).")

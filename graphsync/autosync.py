@@ -1,15 +1,24 @@
 """Synchronizing the multi-tower graphs of an unchanged script, just before each is first used.
 
 `graphsync run train.py` installs an AutoSync before the script starts. Once TensorFlow is
-imported (by the script, whenever it does), two entry points are patched:
+imported (by the script, whenever it does), three entry points are patched:
 
     BaseSession.__init__  every session class (Session, InteractiveSession, the sessions that
                           MonitoredSession, Supervisor and SessionManager create) on its graph
     Graph.finalize        Supervisor and Scaffold freeze the graph before any session exists
+    BaseSession._extend_graph
+                          before every run, partial_run_setup and make_callable of every session
+                          copies the graph's new ops into its runtime: a session opened before the
+                          towers were built (`with tf.Graph().as_default(), tf.compat.v1.Session()`
+                          around the script, an InteractiveSession on its first line) shows them here
 
-Whichever comes first hands the graph to `AutoSync.first_use`, which rewrites it at most once:
-graphs without towers or without batch norm, and graphs the script rewrote itself with
-`rewrite_towers()`, are left alone. The per-graph choice is `AutoSync.options_for(graph)` (None:
+Each hands the graph to `AutoSync.first_use`, which rewrites it at most once: graphs without
+towers or without batch norm, and graphs the script rewrote itself with `rewrite_towers()`, are
+left alone. Before a run the check is one version comparison (graphsync.session_copies); the
+graph is looked at again only when it gained ops that may be batch norm since the last look. A
+rewrite that would edit ops an open session already holds is refused (that session would ignore
+the edits), and batch norm added to the towers after the rewrite is reported: never an
+unsynchronized step without a line. The per-graph choice is `AutoSync.options_for(graph)` (None:
 leave it alone), and the patch table is `AutoSync.patch_points()`: a subclass extends either
 without touching the rest.
 
@@ -27,11 +36,13 @@ import threading
 import warnings
 import weakref
 
+from graphsync.session_copies import SessionCopies
+
 ON_ERROR = ("fail", "warn")
 
 
 class AutoSync:
-    """Rewrites every multi-tower graph once, before its first session or its finalization.
+    """Rewrites every multi-tower graph once, before its first session, finalization or run.
 
     options:  keyword arguments of rewrite_towers (towers, device, strategy, group_size).
     on_error: 'fail' — a graph that cannot be rewritten stops the script (one line on stderr,
@@ -52,10 +63,12 @@ class AutoSync:
         self._decided = weakref.WeakSet()            # graphs first_use is done with
         self._numbers = weakref.WeakKeyDictionary()  # graph → its number in messages, in order of first use
         self._count = itertools.count(1)
-        self._looked_at = weakref.WeakKeyDictionary()  # undecided graph → its version when last looked at
+        self._looked_at = weakref.WeakKeyDictionary()  # graph → its version when last looked at
+        self._synchronized = weakref.WeakKeyDictionary()  # graph rewritten here → the options it was rewritten with
         self._lock = threading.RLock()
         self._undo: list = []
         self._waiting = None
+        self._copies = SessionCopies()
 
     # -- the per-graph decision ------------------------------------------------------------
 
@@ -64,10 +77,11 @@ class AutoSync:
         return dict(self.options)
 
     def first_use(self, graph) -> None:
-        """Called by the patches before each session is created on `graph` and before it is
-        finalized. A graph is decided once it is rewritten, refused, rewritten by the script, or
-        left alone by options_for; one with nothing to synchronize yet (a session opened before
-        the towers were built) is looked at again on its next session or its finalization."""
+        """Called by the patches before each session is created on `graph`, before it is
+        finalized, and before a session's run copies the ops added since its last one. A graph is
+        decided once it is rewritten, refused, rewritten by the script, or left alone by
+        options_for; one with nothing to synchronize yet (a session opened before the towers were
+        built) is looked at again once it grew: on its next session, run or finalization."""
         with self._lock:
             if graph in self._decided or self._looked_at.get(graph) == graph.version:
                 return
@@ -85,8 +99,63 @@ class AutoSync:
                 return
             if self._rewrite(graph, number, options):
                 self._decided.add(graph)
-            else:
-                self._looked_at[graph] = graph.version   # looked at again only once ops are added
+            self._looked_at[graph] = graph.version   # undecided: looked at again once ops are added
+
+    def before_run(self, session) -> None:
+        """Before `session` copies its graph into its runtime, when the graph grew since the
+        session's last copy (the patch checks that much on every run). The graph is looked at again
+        only if the ops added since the last look may hold batch norm."""
+        graph = session.graph
+        with self._lock:
+            if self._may_have_gained_batch_norm(graph):
+                if graph in self._synchronized:
+                    self._refuse_layers_added_after_the_rewrite(graph)
+                else:
+                    self.first_use(graph)
+            self._copies.record(session, graph)
+
+    def _may_have_gained_batch_norm(self, graph) -> bool:
+        """False when the ops added since the last look include no op type a batch-norm match
+        starts from (graphsync.match.starting_types): one pass over those ops, not the graph."""
+        looked = self._looked_at.get(graph)
+        if looked is None:
+            return True
+        from graphsync import match, tf_private
+        starts = match.starting_types()
+        if looked != graph.version and starts is not None and \
+                not any(op.type in starts for op in tf_private.ops_added_since(graph, looked)):
+            self._looked_at[graph] = graph.version
+        return self._looked_at[graph] != graph.version
+
+    def _refuse_layers_added_after_the_rewrite(self, graph) -> None:
+        """Batch norm added to the towers of a graph after graphsync synchronized it would run
+        unsynchronized: one line (and with on_error='fail', the script stops before that run)."""
+        from graphsync.errors import GraphsyncError
+        self._looked_at[graph] = graph.version
+        try:
+            plan = _plan(graph, self._synchronized[graph])
+        except GraphsyncError:
+            return   # half built (a layer in some towers only): looked at again at the next run once it grew
+        if plan.layers:
+            del self._synchronized[graph]   # said once
+            count = f"{len(plan.layers)} batch-norm layer{'s' if len(plan.layers) > 1 else ''}"
+            self.failed(graph, f"graph {self._numbers[graph]}: {count} added to its towers after it was "
+                               f"synchronized (first: {plan.layers[0].sites[0].op.name}) would run unsynchronized: "
+                               "build the whole model before its first session or run, or call "
+                               "graphsync.rewrite_towers() after its last layer")
+
+    def _refuse_if_already_copied(self, graph, number: int, options: dict) -> None:
+        """A GraphsyncError when an open session already holds an op the rewrite would edit."""
+        if not self._copies.held(graph):
+            return   # the usual case: no open session has run this graph yet, nothing to plan twice
+        from graphsync.errors import GraphsyncError
+        plan = _plan(graph, options)
+        op = self._copies.first_held(graph, [site.op for layer in plan.layers for site in layer.sites])
+        if op is not None:
+            raise GraphsyncError(
+                f"graph {number}: {op.name} was part of a Session.run before the other towers were built, "
+                "and that session (still open) would ignore the rewrite: build every tower before the first "
+                "run, or call graphsync.rewrite_towers() once they are built and run them in a new session")
 
     def _rewrite(self, graph, number: int, options: dict) -> bool:
         """Whether the graph is decided: rewritten, or refused."""
@@ -95,9 +164,10 @@ class AutoSync:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", GraphsyncWarning)
             try:
+                self._refuse_if_already_copied(graph, number, options)
                 report = rewrite_towers(graph, **options)
-            except NoTowersError as exc:
-                self._say(f"graph {number} left alone: {_one_line(exc)}", verbose_only=True)
+            except NoTowersError as exc:   # said by default when scopes look like towers
+                self._say(f"graph {number} left alone: {_one_line(exc)}", verbose_only=not exc.parallel_structure)
                 return False
             except GraphsyncError as exc:
                 self.failed(graph, _one_line(exc))
@@ -115,6 +185,7 @@ class AutoSync:
                     else:
                         warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
         if report.changed:
+            self._synchronized[graph] = options
             self.rewritten(graph, report)
         else:
             self._say(f"graph {number} left alone: {report.summary}", verbose_only=True)
@@ -155,9 +226,11 @@ class AutoSync:
         # graphsync.rewrite registers graphsync's gradients, as `import graphsync` after TensorFlow
         # does: a script that differentiates a graph rewritten earlier (a saved one) needs them
         from graphsync import rewrite, tf_private  # noqa: F401
-        first_use = self.first_use
+        first_use, before_run, copies = self.first_use, self.before_run, self._copies
         session_class = tf_private.session_base_class()
+        extend = tf_private.session_extend_method()
         original_init, original_finalize = session_class.__init__, tf.Graph.finalize
+        original_extend = getattr(session_class, extend)
 
         def session_init(session, *args, **kwargs):
             graph = kwargs.get("graph", args[1] if len(args) > 1 else None)
@@ -173,7 +246,13 @@ class AutoSync:
                 first_use(graph)
             return original_finalize(graph)
 
-        return [(session_class, "__init__", session_init), (tf.Graph, "finalize", finalize)]
+        def extend_graph(session):
+            if not copies.up_to_date(session, session.graph):
+                before_run(session)
+            return original_extend(session)
+
+        return [(session_class, "__init__", session_init), (tf.Graph, "finalize", finalize),
+                (session_class, extend, extend_graph)]
 
     def install(self) -> "AutoSync":
         """Patches TensorFlow now if it is imported, else as soon as it is."""
@@ -257,6 +336,13 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
         loader.exec_module = exec_then_call
         return spec
+
+
+def _plan(graph, options: dict):
+    """The plan rewrite_towers(graph, **options) would splice (graphsync.plan), the graph untouched."""
+    from graphsync.plan import make_plan
+    return make_plan(graph, options.get("towers"), options.get("device"), strategy=options.get("strategy", "gather"),
+                     group_size=options.get("group_size"), process_group=options.get("process_group"))
 
 
 def _one_line(text) -> str:

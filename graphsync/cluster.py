@@ -59,8 +59,8 @@ class ClusterTask:
         job, index = self.members[0]
         return device_of(job, index)
 
-    def process_group(self, timeout: float = 0.0) -> ProcessGroup:
-        return ProcessGroup(self.tasks, self.rank, timeout)
+    def process_group(self, timeout: float = 0.0, heartbeat: float = 0.0) -> ProcessGroup:
+        return ProcessGroup(self.tasks, self.rank, timeout, heartbeat)
 
     def address(self, job: str, index: int) -> str:
         return self.cluster[job][index]

@@ -6,7 +6,13 @@ class GraphsyncError(Exception):
 
 
 class NoTowersError(GraphsyncError):
-    """Batch norm, but no towers to synchronize across: `graphsync run` leaves such graphs alone."""
+    """Batch norm, but no towers to synchronize across: `graphsync run` leaves such graphs alone,
+    saying so by default when `parallel_structure` (scopes that look like towers but are not
+    named as such), else only with -v."""
+
+    def __init__(self, message: str, parallel_structure: bool = False):
+        super().__init__(message)
+        self.parallel_structure = parallel_structure
 
 
 class GraphsyncWarning(UserWarning):

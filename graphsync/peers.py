@@ -9,10 +9,13 @@ a between-graph graph first runs, each worker
 2. gathers every worker's layer fingerprints with one collective (`compare_layers`), in a graph and
    session of its own on the worker's server: workers that built different batch-norm layers
    (different scripts or options) stop with the first difference, instead of averaging unrelated
-   statistics; a worker that never joins makes the gather time out with the remaining wait.
+   statistics; a worker that never joins makes the gather time out with the remaining wait; a
+   worker restarted alone into a running group is refused at once by the group leader (its
+   collective runtime knows the task's earlier incarnation), and says so.
 
-Both also line the workers up, so the first training step starts together. The synchronized
-graph's own collectives carry the same timeout (ProcessGroup.timeout) for later steps.
+Both also line the workers up, so the first training step starts together. Later steps are
+watched by a heartbeat (graphsync.heartbeat), or bounded by the collectives' own timeout
+(ProcessGroup.timeout) when there is none.
 """
 from __future__ import annotations
 
@@ -67,10 +70,12 @@ def _listening(address: str) -> bool:
 
 
 def compare_layers(task: ClusterTask, target: str, fingerprints: list[str], timeout: float,
-                   said: float | None = None) -> None:
+                   said: float | None = None, opened=None) -> None:
     """Gathers every worker's layer fingerprints (see graphsync.plan.fingerprints) through the
     server at `target`; raises GraphsyncError when a worker's differ from this one's, or when not
-    every worker joins within `timeout` seconds (0: wait forever; `said`: the wait to name)."""
+    every worker joins within `timeout` seconds (0: wait forever; `said`: the wait to name), or
+    when the gather is cancelled. `opened(session)` is told the gather's session (to close it
+    from elsewhere: a heartbeat that finds a worker gone)."""
     import tensorflow as tf
 
     tf1 = tf.compat.v1
@@ -88,14 +93,24 @@ def compare_layers(task: ClusterTask, target: str, fingerprints: list[str], time
     options = tf1.RunOptions(timeout_in_ms=int(timeout * 1000) + 5000) if timeout else None
     try:
         with tf1.Session(target, graph=graph, config=config) as sess:
+            if opened is not None:
+                opened(sess)
             rows = sess.run(gathered, options=options).reshape(task.tasks, -1)
-    except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError, tf.errors.AbortedError):
+    except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError, tf.errors.AbortedError,
+            tf.errors.CancelledError):
         others = ", ".join(task_name(*m) for m in task.members if m != (task.job, task.index))
         raise GraphsyncError(
             f"not every worker joined within {said or timeout:g} s ({task.name} is process {task.rank + 1} of "
             f"{task.tasks}, waiting for {others}): their servers are up, but some did not reach "
             "their first synchronized step: run every worker under graphsync (the same script and "
             "options), or wait longer with --peer-timeout") from None
+    except tf.errors.FailedPreconditionError as exc:
+        if "incarnation" not in str(exc):
+            raise
+        raise GraphsyncError(
+            f"{task.name} cannot join a group that is already running: the group leader ({task.leader}) knows "
+            f"an earlier server of {task.name} (restarted alone?): restart every worker to resume from its last "
+            "checkpoint") from None
     for row in sorted(rows.tolist(), key=lambda r: r[0]):
         if row[3] != mine[3] or row[2] != mine[2] or row[1] != task.tasks:
             raise GraphsyncError(_difference(task, fingerprints, row))

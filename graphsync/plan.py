@@ -11,10 +11,10 @@ import hashlib
 
 import tensorflow as tf
 
-from graphsync import match, tf_private
+from graphsync import match, order, shapes, shared_tasks, tf_private, tower_names, tower_structure
 from graphsync.errors import GraphsyncError, NoTowersError
 from graphsync.stats import Layout
-from graphsync.towers import ROOT, Tower, find_towers, tower_of
+from graphsync.towers import ROOT, Tower, conventional_families, find_towers, known_convention, tower_of
 
 
 @dataclasses.dataclass
@@ -44,6 +44,7 @@ class MomentsGrad:
     mean_readers: tuple
     variance: tf.Tensor | None
     variance_readers: tuple
+    shifted_mean_readers: tuple = ()   # ops of the call that read a shifted mean (match/sufficient.py)
 
 
 @dataclasses.dataclass
@@ -85,18 +86,22 @@ class Plan:
     strategy: str = "gather"
     groups: list = dataclasses.field(default_factory=list)   # tower indices per sync group
     process_group: object = None
+    found_by: str = ""     # how the towers were found: "known name", "structure: gpu_%d", "towers= option"
 
 
 def make_plan(graph: tf.Graph, towers=None, device: str | None = None, *, strategy: str = "gather",
               group_size: int | None = None, process_group=None) -> Plan:
     """Everything the splice needs, validated; raises GraphsyncError and leaves the graph alone."""
     plan = _match_and_pair(graph, towers, device, process_group)
+    plan.layers, plan.skipped = _in_forward_order(graph, plan.layers, plan.skipped)
     plan.strategy, plan.process_group = strategy, process_group
     plan.groups = _groups(len(plan.towers), group_size)
     if strategy not in ("gather", "allreduce"):
         raise GraphsyncError(f"unknown strategy {strategy!r}: use 'gather' or 'allreduce'")
     if process_group is not None and strategy != "allreduce":
         raise GraphsyncError("between-graph replication (a process group) needs strategy='allreduce'")
+    if process_group is not None and plan.layers:
+        shared_tasks.check([site.op for layer in plan.layers for site in layer.sites])
     if strategy == "allreduce":
         for layer in plan.layers:
             for members in plan.groups:
@@ -107,6 +112,13 @@ def make_plan(graph: tf.Graph, towers=None, device: str | None = None, *, strate
                         f"{layer.sites[members[0]].op.name} and its peers sit on {sorted(set(devices))}: "
                         "place the towers with tf.device, or use strategy='gather'")
     return plan
+
+
+def _in_forward_order(graph: tf.Graph, layers: list, skipped: list) -> tuple[list, list]:
+    """Layers in the order the first tower's forward pass runs them, and the ops left alone in
+    the order they run (graphsync/order.py): listings read the network from input to output."""
+    return (order.in_forward_order(layers, lambda layer: layer.sites[0].op),
+            order.in_forward_order(skipped, lambda item: graph.get_operation_by_name(item[0])))
 
 
 def _groups(n_towers: int, group_size: int | None) -> list[list[int]]:
@@ -130,30 +142,39 @@ def _match_and_pair(graph: tf.Graph, towers, device, process_group) -> Plan:
     understood = {c.op for c in candidates if c.kind == "conditional" and c.parts}   # see match/conditional.py
     hidden = [op for op in _calls_hiding_batch_norm(graph) if op not in understood]
     found_towers = find_towers([c.name for c in candidates] + [op.name for op in hidden], towers)
+    found_by, left_out = ("towers= option" if explicit else known_convention(found_towers)) if found_towers else "", []
+    if not explicit and live and not _known_names_suffice(found_towers, live):
+        by_structure = tower_structure.discover(graph, live)
+        if by_structure is not None:
+            found_towers, found_by, left_out = by_structure.towers, by_structure.how, by_structure.left_out
     _reject_hidden(hidden, [t for t in found_towers if explicit or t.prefix != ROOT])
     if not live:
-        return Plan(found_towers, device or "", [], skipped)
+        return Plan(found_towers, device or "", [], skipped, found_by=found_by)
     if not found_towers and process_group is not None:
         found_towers = find_towers([], [ROOT])   # one replica per worker graph: the whole graph
-        explicit = True
+        explicit, found_by = True, "process group: the whole graph"
     if not found_towers:
+        parallel = tower_structure.parallel_scopes(graph, live)
         raise NoTowersError(
-            f"no towers found among {len(live)} batch-norm ops (e.g. {live[0].name}): expected scopes "
-            "like tower_0/, tower0/, clone_0/, replica_1/; name yours with towers=REGEX or a list of prefixes")
+            f"no towers found among {len(live)} batch-norm ops (e.g. {live[0].name}): "
+            + (parallel if parallel else "no sibling scopes numbered like gpu_0/, gpu_1/ hold them in parallel; "
+               "name yours with towers=REGEX or a list of prefixes"), parallel_structure=parallel is not None)
 
-    by_layer: dict[str, dict[Tower, tf.Operation]] = {}
+    per_tower: dict[Tower, list] = {}
     for cand in live:
         tower = tower_of(cand.name, found_towers)
         if tower is None:
-            skipped.append((cand.name, "outside every tower"))
+            reason = next((why for prefix, why in left_out if cand.name.startswith(prefix)), "outside every tower")
+            skipped.append((cand.name, reason))
             continue
-        by_layer.setdefault(cand.name[len(tower.prefix):], {})[tower] = cand
+        per_tower.setdefault(tower, []).append((cand.name[len(tower.prefix):], cand.op._id, cand))  # noqa: SLF001
+    by_layer = tower_names.pair_by_name(per_tower)
 
     found_towers = _drop_unpaired_root(found_towers, by_layer, explicit)
     if len(found_towers) < 2 and process_group is None:
         for cands in by_layer.values():
             skipped.extend((c.name, "single tower: nothing to synchronize with") for c in cands.values())
-        return Plan(found_towers, device or "", [], skipped)
+        return Plan(found_towers, device or "", [], skipped, found_by=found_by)
 
     scopes = match.gradient_scopes(graph) if any(c.kind == "moments" for c in live) else {}
     layers = []
@@ -167,7 +188,14 @@ def _match_and_pair(graph: tf.Graph, towers, device, process_group) -> Plan:
         layers.append(_layer_plan(name, [(t, cands.get(t)) for t in found_towers], scopes))
     if layers and not device:
         device = default_device(layers[0].sites[0].op)
-    return Plan(found_towers, device or "", layers, skipped)
+    return Plan(found_towers, device or "", layers, skipped, found_by=found_by)
+
+
+def _known_names_suffice(found_towers, live) -> bool:
+    """The fast path: two or more scoped towers of one known convention, which structure need
+    not confirm (several conventions, or nested ones, are left to graphsync/tower_structure.py)."""
+    return sum(t.prefix != ROOT for t in found_towers) >= 2 and \
+        len(conventional_families([c.name for c in live])) == 1
 
 
 def _drop_unpaired_root(towers, by_layer, explicit):
@@ -227,7 +255,7 @@ def _layer_plan(name: str, per_tower, scopes) -> LayerPlan:
         if sig != attrs[0]:
             diff = ", ".join(f"{k}: {attrs[0][k]} vs {sig[k]}" for k in sig if sig[k] != attrs[0][k])
             raise GraphsyncError(f"{first.name} and {op.name} are paired as layer {name!r} but differ ({diff})")
-    rank = first.inputs[0].shape.rank
+    rank = _input(per_tower[0][1]).shape.rank
     if rank is None:
         raise GraphsyncError(f"{first.name}: the rank of its input is unknown; set a static rank")
     if kind == "moments":
@@ -257,23 +285,37 @@ def _moments_grads(cand, scopes) -> list[MomentsGrad]:
         for op, calls in ((mean_op, mean_calls), (variance_op, variance_calls)):
             ops = calls.get(call, [])
             entry = match.gradient_entry(ops, list(op.inputs) + list(op.outputs)) if ops else None
+            if not ops and "statistics" in cand.parts:   # a gradient handed on unchanged (Add, Sub)
+                entry = match.passed_through_entry(op, call, scopes, cand.parts["statistics"])
+                ops = [op] if any(scopes.get(t.op.name, {}).get(call) for t in op.inputs) else []
             if ops and entry is None:
                 raise GraphsyncError(
                     f"cannot tell which tensor is the incoming gradient of {op.name} in {call}/: "
                     "rewrite before building the gradients")
-            entries += [entry, tuple(o for o in ops if entry is not None and entry in list(o.inputs))]
-        grads.append(MomentsGrad(call, *entries))
+            if entry is not None and "statistics" in cand.parts:
+                entries += [entry, match.entry_readers(entry, call, scopes, cand.parts["statistics"])]
+            else:
+                entries += [entry, tuple(o for o in ops if entry is not None and entry in list(o.inputs))]
+        shifted = cand.parts.get("shifted_mean")
+        readers = tuple(o for o in scopes.get(cand.parts["square"].name, {}).get(call, [])
+                        if any(t is shifted for t in o.inputs)) if shifted is not None else ()
+        grads.append(MomentsGrad(call, *entries, readers))
     return grads
+
+
+def _input(cand) -> tf.Tensor:
+    """The activation a layer normalizes."""
+    return cand.parts.get("x", cand.op.inputs[0])
 
 
 def _signature(cand) -> dict:
     """The attributes paired ops must share."""
     op = cand.op
     if cand.kind == "moments":
-        return {"kind": "moments", "axes": cand.parts["axes"], "dtype": op.inputs[0].dtype.name,
-                "rank": op.inputs[0].shape.rank, "statistics shape": str(op.outputs[0].shape[1:]),
-                "keep_dims": op.get_attr("keep_dims")}
-    channels = op.inputs[1].shape[0] if op.inputs[1].shape.rank == 1 else None
+        x = _input(cand)
+        return {"kind": "moments", "axes": cand.parts["axes"], "dtype": x.dtype.name, "rank": x.shape.rank,
+                "statistics shape": shapes.text(op.outputs[0].shape[1:]), "keep_dims": cand.parts["keep_dims"]}
+    channels = shapes.dim(op.inputs[1].shape, 0) if op.inputs[1].shape.rank == 1 else None
     return {"kind": op.type, "channels": channels, "dtype": op.inputs[0].dtype.name,
             "rank": op.inputs[0].shape.rank, "epsilon": op.get_attr("epsilon"),
             "data_format": op.get_attr("data_format").decode(),
@@ -288,7 +330,8 @@ def fingerprints(plan: Plan) -> list[str]:
     lines = []
     for layer in plan.layers:
         op = layer.sites[0].op
-        lines.append(f"{layer.name} {op.type} {op.inputs[0].dtype.name} {op.inputs[0].shape[1:]} "
+        x = layer.sites[0].parts.get("x", op.inputs[0])
+        lines.append(f"{layer.name} {op.type} {x.dtype.name} {shapes.text(x.shape[1:])} "
                      f"axes={layer.layout.axes} eps={layer.epsilon:g} avg={layer.avg_factor:g} "
                      f"towers={len(layer.sites)} gradients={len(layer.sites[0].grad_ops)}")
     return lines

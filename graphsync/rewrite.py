@@ -23,8 +23,10 @@ def rewrite_towers(graph: tf.Graph | None = None, *, towers=None, device: str | 
     batch, forward and backward, in place.
 
     graph:   a tf.Graph (default: the default graph), before or after its gradients are built.
-    towers:  None to discover the usual scopes (tower_0/, tower_0/v0/, tower0/, clone_0/, replica_1/),
-             a regular expression matching each tower's prefix, or a list of prefixes ('' = root).
+    towers:  None to discover them: known scopes (tower_0/, tower_0/v0/, tower0/, clone_0/, replica_1/),
+             else by structure (graphsync/tower_structure.py: index-numbered sibling scopes holding the
+             same batch norms in parallel, e.g. gpu_0/, gpu_1/); a regular expression matching each
+             tower's prefix, or a list of prefixes ('' = root).
     device:  where the statistics of all towers are combined (default: CPU 0 of tower 0's host).
     strategy: 'gather' (statistics merged on `device`) or 'allreduce' (one CollectiveReduceV2 per
              layer and direction on the towers' own devices; every tower must then run each step:

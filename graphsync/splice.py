@@ -48,7 +48,9 @@ def splice_layer(graph: tf.Graph, layer: LayerPlan, exchange) -> SpliceCount:
         for site in layer.sites:
             with pristine_scope(graph, site.device, site.op.name + "_sync"), \
                     graph.control_dependencies(site.op.control_inputs):
-                uploads.append(stats.local_moments(site.op.inputs[0], layer.layout))
+                weights = site.parts.get("weights")
+                uploads.append(stats.local_moments(site.parts["x"], layer.layout) if weights is None else
+                               stats.weighted_local_moments(site.parts["x"], weights, layer.layout))
         statistics = exchange.moments(graph, layer, layer.sites, uploads)
         for site, s in zip(layer.sites, statistics):
             _moments_forward(graph, layer, site, s, count)
@@ -136,16 +138,24 @@ def _synchronized_normalize_gradient(op, dy, *_unused):
 def _moments_forward(graph, layer: LayerPlan, site: Site, s: Synchronized, count: SpliceCount):
     """The moments' mean and variance become the global ones for every reader: normalization,
     moving averages, summaries, and the subgraph's own StopGradient (which the variance gradient
-    reads). Shape-only readers of the squared difference move to x, which has its shape."""
-    mean_op, variance_op, sqdiff = site.op, site.parts["variance"], site.parts["sqdiff"]
+    reads). Shape-only readers of the squared difference move to x, which has its shape. The
+    gradient ops of a shifted mean's square read μ − s (graphsync/match/sufficient.py)."""
+    mean_op, variance_op, sqdiff = site.op, site.parts["variance"], site.parts.get("sqdiff")
     mean, variance = s.mean, s.variance
-    if not mean_op.get_attr("keep_dims"):
+    if not site.parts["keep_dims"]:
         with pristine_scope(graph, site.device, site.op.name + "_sync"):
             mean, variance = (tf.squeeze(t, list(layer.layout.axes)) for t in (mean, variance))
     count.edges += reroute_consumers(mean_op.outputs[0], mean)
     count.edges += reroute_consumers(variance_op.outputs[0], variance)
-    shape_readers = [c for c in sqdiff.outputs[0].consumers() if c.type in match.SHAPE_TYPES]
-    count.edges += reroute_consumers(sqdiff.outputs[0], sqdiff.inputs[0], only=shape_readers)
+    if sqdiff is not None:
+        shape_readers = [c for c in sqdiff.outputs[0].consumers() if c.type in match.SHAPE_TYPES]
+        count.edges += reroute_consumers(sqdiff.outputs[0], sqdiff.inputs[0], only=shape_readers)
+    readers = [op for g in site.grad_ops for op in g.shifted_mean_readers]
+    if readers:
+        shifted = site.parts["shifted_mean"]
+        with pristine_scope(graph, site.device, site.op.name + "_sync"):
+            recentred = tf.math.subtract(mean, site.parts["shift"], name="shifted_mean")
+        count.edges += reroute_consumers(shifted, recentred, only=readers)
     for op in (mean_op, variance_op):
         count.control_edges += reroute_control_outputs(op, [mean.op, variance.op])
 
@@ -159,11 +169,15 @@ def _moments_backward(graph, layer: LayerPlan, exchange, statistics, k: int, cou
     which = [w for w in ("mean", "variance") if any(getattr(g, w) is not None for g in grads)]
     if not which:
         return
-    totals = exchange.sums(graph, layer, layer.sites, [[getattr(g, w) for w in which] for g in grads],
-                           f"backward_{k}")
-    for site, g, s, tower_totals in zip(layer.sites, grads, statistics, totals):
-        for w, total in zip(which, tower_totals):
-            with pristine_scope(graph, site.device, f"{site.op.name}_sync_grad_{k}"):
-                shared = tf.identity(stats.share(total, s.count, s.total), name=f"grad_{w}")
-            count.edges += reroute_consumers(getattr(g, w), shared, only=getattr(g, f"{w}_readers"))
+    # A variance that reads m unstopped sends gradient into m: its sum must come first (two exchanges).
+    phases = [["variance"], ["mean"]] if which == ["mean", "variance"] and \
+        layer.sites[0].parts.get("variance_reads_mean") else [which]
+    for phase in phases:
+        tag = f"backward_{k}" if len(phases) == 1 else f"backward_{k}_{phase[0]}"
+        totals = exchange.sums(graph, layer, layer.sites, [[getattr(g, w) for w in phase] for g in grads], tag)
+        for site, g, s, tower_totals in zip(layer.sites, grads, statistics, totals):
+            for w, total in zip(phase, tower_totals):
+                with pristine_scope(graph, site.device, f"{site.op.name}_sync_grad_{k}"):
+                    shared = tf.identity(stats.share(total, s.count, s.total), name=f"grad_{w}")
+                count.edges += reroute_consumers(getattr(g, w), shared, only=getattr(g, f"{w}_readers"))
     count.grads_replaced += len(grads) * len(which)

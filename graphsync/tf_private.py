@@ -77,6 +77,41 @@ def session_base_class() -> type:
     return session.BaseSession
 
 
+def session_extend_method() -> str:
+    """The BaseSession method that copies the ops added to the graph since the session's last call
+    into its runtime, before every `run`, `partial_run_setup`, `make_callable` and callable from
+    options (`partial_run` steps reuse their setup's copy). Ops edited after a session copied them
+    keep running in that session as they were."""
+    return "_extend_graph"
+
+
+def session_is_open(session) -> bool:
+    return not session._closed  # pylint: disable=protected-access
+
+
+_FIRST_OP_ID = 2   # ids 0 and 1 of a TensorFlow graph are its C++ SOURCE and SINK nodes
+
+
+def existed_at(op: tf.Operation, version: int) -> bool:
+    """Whether `op` existed when its graph's version was `version`.
+
+    TensorFlow numbers a graph's ops in creation order from 2 (Operation._id) and Graph.version
+    counts the ops created so far (none is ever removed): the first `version` ops carry the ids
+    2 … version + 1."""
+    return op._id < version + _FIRST_OP_ID  # pylint: disable=protected-access
+
+
+def ops_added_since(graph: tf.Graph, version: int) -> list:
+    """The ops created since `graph.version` was `version`, oldest first; costs their number only."""
+    by_id = graph._nodes_by_id  # pylint: disable=protected-access
+    return [by_id[i] for i in range(version + _FIRST_OP_ID, graph.version + _FIRST_OP_ID) if i in by_id]
+
+
+def creation_order(op: tf.Operation) -> int:
+    """A key that sorts ops in the order they were created."""
+    return op._id  # pylint: disable=protected-access
+
+
 def make_server_def(server_or_cluster_def, job_name, task_index, protocol, config):
     """The tf.train.ServerDef that tf.distribute.Server(...) builds from its arguments."""
     from tensorflow.python.training import server_lib  # pylint: disable=import-outside-toplevel
@@ -257,3 +292,50 @@ class FastOps:
         return self._op("PartitionedCall", list(inputs), name, Tin=types(inputs), Tout=types(function.outputs),
                         f=attr_value_pb2.AttrValue(func=attr_value_pb2.NameAttrList(name=function.name)),
                         config=empty, config_proto=empty, executor_type=empty)
+
+
+def worker_incarnations(address: str, timeout: float, channels: dict | None = None) -> tuple | None:
+    """The device incarnations of the tf.distribute.Server at `address` ('host:port'), asked through
+    TensorFlow's own `WorkerService.GetStatus` RPC — the call its collective runtime makes to check
+    a peer's health — within `timeout` seconds; None when it does not answer (gone, frozen,
+    unreachable). A server restarted on the same address answers with new incarnations.
+    `channels` (address → channel) keeps one connection per peer across calls."""
+    import grpc
+
+    cache = channels if channels is not None else {}
+    channel = cache.get(address)
+    if channel is None:
+        channel = cache[address] = grpc.insecure_channel(address, options=[("grpc.enable_http_proxy", 0)])
+    call = channel.unary_unary("/tensorflow.WorkerService/GetStatus", request_serializer=lambda _: b"",
+                               response_deserializer=_get_status_response().FromString)
+    try:
+        response = call(None, timeout=timeout)
+    except grpc.RpcError:
+        return None
+    finally:
+        if channels is None:
+            channel.close()
+    return tuple(sorted(device.incarnation for device in response.device_attributes))
+
+
+def _get_status_response():
+    """tensorflow.GetStatusResponse (worker.proto, not shipped in the pip package): its one field,
+    `repeated DeviceAttributes device_attributes = 1`, declared here."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+    from tensorflow.core.framework import device_attributes_pb2  # noqa: F401 - puts DeviceAttributes in the pool
+
+    pool = descriptor_pool.Default()
+    name = "tensorflow.GetStatusResponse"
+    try:
+        descriptor = pool.FindMessageTypeByName(name)
+    except KeyError:
+        file = descriptor_pb2.FileDescriptorProto(
+            name="graphsync/get_status_response.proto", package="tensorflow", syntax="proto3",
+            dependency=["tensorflow/core/framework/device_attributes.proto"])
+        message = file.message_type.add(name="GetStatusResponse")
+        message.field.add(name="device_attributes", number=1, type=descriptor_pb2.FieldDescriptorProto.TYPE_MESSAGE,
+                          label=descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED,
+                          type_name=".tensorflow.DeviceAttributes")
+        pool.Add(file)
+        descriptor = pool.FindMessageTypeByName(name)
+    return message_factory.GetMessageClass(descriptor)

@@ -1,7 +1,8 @@
-"""Which name scopes are towers.
+"""Which name scopes are towers: the known names (a fast path) and the towers= option.
 
-Real TF1 code names its replicas in a handful of ways; scopes, not devices, identify them (slim's
-`clone_on_cpu` puts every clone on one device):
+Towers are found by structure (graphsync/tower_structure.py, over the names tower_names.py
+proposes) whenever these names do not settle it. Scopes, not devices, identify towers (slim's
+`clone_on_cpu` puts every clone on one device). The known names:
 
     tower_0/…          the TensorFlow CIFAR10 multi-GPU example
     tower_0/v0/…       tf_cnn_benchmarks (variable scope v<i> inside the tower's name scope)
@@ -92,12 +93,18 @@ def find_towers(op_names: Sequence[str], towers=None) -> list[Tower]:
     return _ordered(prefixes)
 
 
-def _discover(op_names: Sequence[str]) -> list[Tower]:
+def conventional_families(op_names: Sequence[str]) -> dict[str, set[str]]:
+    """family (parent scope + stem) → the tower prefixes of that convention among `op_names`."""
     families: dict[str, set[str]] = {}
     for name in op_names:
         found = conventional_prefix(name)
         if found:
             families.setdefault(found[1], set()).add(found[0])
+    return families
+
+
+def _discover(op_names: Sequence[str]) -> list[Tower]:
+    families = conventional_families(op_names)
     if not families:
         return []
     # Several conventions in one graph: the one with most towers is the replication.
@@ -107,6 +114,16 @@ def _discover(op_names: Sequence[str]) -> list[Tower]:
     if 0 not in indices:
         prefixes = prefixes | {ROOT}  # kept only if the root holds counterparts (see pairing)
     return _ordered(prefixes)
+
+
+def known_convention(towers: Sequence[Tower]) -> str:
+    """How the known names found `towers`, for inspect: e.g. 'known name tower_%d' ('/v%d' for
+    tf_cnn_benchmarks, '+ (root)' for an unscoped first replica)."""
+    scoped = [t.prefix for t in towers if t.prefix != ROOT]
+    if not scoped:
+        return "known name"
+    template = re.sub(r"\d+", "%d", scoped[0].rstrip("/"))
+    return f"known name {template}" + (" + (root)" if len(scoped) < len(towers) else "")
 
 
 def tower_of(name: str, towers: Sequence[Tower]) -> Tower | None:

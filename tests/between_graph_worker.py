@@ -9,11 +9,13 @@ import conftest  # noqa: F401  (TensorFlow environment)
 import numpy as np
 import tensorflow as tf
 
+import behaviours
 import graphsync
 import models
 import towerlib as tl
 
 cluster, task, batch_sizes, out_path, *saved = json.loads(sys.argv[1])
+behaviours.apply_from_environment()   # as the test that started this worker built its graphs
 leader = "/job:worker/replica:0/task:0"
 config = tf.compat.v1.ConfigProto()
 config.experimental.collective_group_leader = leader

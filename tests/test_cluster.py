@@ -76,5 +76,8 @@ def test_between_graph_sync_decides_from_the_server_else_tf_config():
     assert sync.options_for(graph) == {}          # TF_CONFIG, but no server in this process: local only
     sync.server_task = cluster.from_tf_config(_tf_config({"worker": WORKERS}, "worker", 2))
     sync.server_target = "grpc://127.0.0.1:1003"
+    # with a heartbeat (default 10 s) the collectives wait for slow peers: the heartbeat finds lost ones
+    assert sync.options_for(graph) == {"strategy": "allreduce", "process_group": ProcessGroup(3, 2, 0.0, 10.0)}
+    sync.heartbeat = 0
     assert sync.options_for(graph) == {"strategy": "allreduce", "process_group": ProcessGroup(3, 2, 12.0)}
     assert BetweenGraphSync(tf_config="", strategy="gather").options_for(graph) == {"strategy": "gather"}

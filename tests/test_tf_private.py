@@ -143,3 +143,70 @@ def test_fast_ops_call_runs_a_traced_function_inlined_on_the_callers_device():
         again = ops.call(function, [x], "again")[0]
     assert doubled.op.type == "PartitionedCall" and doubled.dtype == tf.float64
     np.testing.assert_array_equal(_run(graph, [doubled, size, again])[0], [2.0, 4.0, 6.0])
+
+
+def test_every_way_into_a_sessions_runtime_goes_through_its_extend_method():
+    """run, partial_run_setup and make_callable copy the graph's new ops through one method, and
+    that copy ignores later edits of the ops it holds (why graphsync must rewrite before it)."""
+    session_class = tf_private.session_base_class()
+    name = tf_private.session_extend_method()
+    assert name in session_class.__dict__ and not any(name in cls.__dict__ for cls in
+                                                      (tf1.Session, tf1.InteractiveSession))   # patched once, for all
+    original, calls = getattr(session_class, name), []
+
+    def counting(session):
+        calls.append(session)
+        return original(session)
+
+    graph = tf.Graph()
+    with graph.as_default():
+        a, b = tf.constant(1.0), tf.constant(2.0)
+        y = tf.identity(a)
+        setattr(session_class, name, counting)
+        try:
+            with tf1.Session() as sess:
+                assert sess.run(y) == 1.0
+                sess.partial_run_setup([y], [])
+                sess.make_callable(y)
+                tf_private.update_input(y.op, 0, b)
+                assert sess.run(y) == 1.0                   # the session's copy ignores the edit
+                assert tf_private.session_is_open(sess)
+            assert not tf_private.session_is_open(sess)
+        finally:
+            setattr(session_class, name, original)
+    assert calls == [sess] * 4 and _run(graph, y) == 2.0    # a new session sees it
+
+
+def test_graph_version_counts_ops_and_ids_follow_creation():
+    graph = tf.Graph()
+    with graph.as_default():
+        first = [tf.constant(float(i)) for i in range(3)]
+        version = graph.version
+        later = [tf.identity(first[0]) for _ in range(2)]
+        with tf.Graph().as_default() as other:
+            tf.constant(0.0)
+        tf1.import_graph_def(other.as_graph_def(), name="imported")
+    assert version == 3 and graph.version == 6
+    assert [tf_private.existed_at(t.op, version) for t in first + later] == [True] * 3 + [False] * 2
+    assert not any(tf_private.existed_at(op, 0) for op in graph.get_operations())
+    assert [op.name for op in tf_private.ops_added_since(graph, version)] == \
+        [t.op.name for t in later] + ["imported/Const"]
+    assert tf_private.ops_added_since(graph, graph.version) == []
+    assert sorted(graph.get_operations(), key=tf_private.creation_order)[:5] == [t.op for t in first + later]
+
+
+def test_worker_incarnations_asks_a_server_through_tensorflows_get_status_rpc():
+    import time
+
+    import cluster as cl
+    spec = cl.cluster_spec({"worker": 1, "ps": 1})
+    with cl.servers({"worker": spec["worker"]}):
+        channels = {}
+        first = tf_private.worker_incarnations(spec["worker"][0], 10, channels)
+        assert len(first) == 1 and first[0] != 0
+        assert tf_private.worker_incarnations(spec["worker"][0], 10, channels) == first
+        for channel in channels.values():
+            channel.close()
+    started = time.monotonic()
+    assert tf_private.worker_incarnations(spec["ps"][0], 5) is None   # nothing listens there
+    assert time.monotonic() - started < 5

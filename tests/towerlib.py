@@ -75,7 +75,9 @@ def build(model_fn, batch_sizes, *, scope="tower_%d", devices=None, gradients="a
             # identity: a consumer the rewrite can reroute (tensors held in Python cannot change)
             summed = [tf.identity(tf.add_n(list(gs))) for gs in zip(*per_tower)]
         opt = tf1.train.GradientDescentOptimizer(LEARNING_RATE)
-        with tf.control_dependencies(updates[0]):  # the CIFAR10 pattern: tower 0's updates
+        # ref variables (TF1 behaviour) are read without snapshots: no update before every gradient
+        reads_refs = any(v.op.type == "VariableV2" for v in variables)
+        with tf.control_dependencies(updates[0] + (summed if reads_refs else [])):  # CIFAR10: tower 0's updates
             train_op = opt.apply_gradients(zip([g / (grad_divisor or n_towers) for g in summed], variables))
         if gradients == "after":
             rewrite and rewrite(graph)

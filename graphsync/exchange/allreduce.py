@@ -130,7 +130,7 @@ def _library(body, spread: str, inputs):
     shape where unknown), in a graph of its own so that no device or scope of the caller leaks into
     its definition. Static shapes let the body's sizes be constants: fewer ops run every step."""
     specs = [tf.TensorSpec(t.shape if t.shape.is_fully_defined() else None, t.dtype) for t in inputs]
-    key = (body.__name__, spread, tuple((s.dtype, None if s.shape.rank is None else tuple(s.shape)) for s in specs))
+    key = (body.__name__, spread, tuple((s.dtype, None if s.shape.rank is None else tuple(s.shape.as_list())) for s in specs))
     if key not in _traced:
         with tf.Graph().as_default():
             _traced[key] = tf.function(body(spread), input_signature=specs, autograph=False).get_concrete_function()
@@ -156,7 +156,7 @@ def _pack_moments(spread):
         m, v = _flat(ops, mean, f64), _flat(ops, spread_value, f64)
         channels = m.shape.num_elements() or ops.cast(tf.size(m), f64)
         n = ops.binary("RealDiv", ops.cast(size, f64), float(channels) if isinstance(channels, int) else channels)
-        weight = ops.unary("Relu", ops.binary("Sub", n, 1.0)) if spread == "bessel" else ops.binary("Minimum", n, 1.0)
+        weight = ops.unary("Relu", ops.binary("Sub", n, 1.0)) if spread == "bessel" else ops.unary("Sign", n)
         m2 = ops.binary("MulNoNan", v, weight)
         weighted = ops.binary("MulNoNan", m, n)
         cross = weighted

@@ -18,12 +18,15 @@ class ProcessGroup:
     tasks: int
     index: int
     timeout: float = 0.0   # seconds each cross-process collective waits for its peers; 0: forever
+    heartbeat: float = 0.0  # seconds a peer's server may stay silent before it is lost (graphsync.heartbeat); 0: none
 
     def __post_init__(self):
         if not 0 <= self.index < self.tasks:
             raise GraphsyncError(f"process group index {self.index} is outside 0..{self.tasks - 1}")
         if self.timeout < 0:
             raise GraphsyncError(f"process group timeout {self.timeout} is negative (0 waits forever)")
+        if self.heartbeat < 0:
+            raise GraphsyncError(f"process group heartbeat {self.heartbeat} is negative (0: none)")
 
 
 @dataclasses.dataclass

@@ -74,7 +74,7 @@ def _view_gradient(op, d_mean, d_variance, *_unused):
         share = tf.cast(tf.math.divide_no_nan(count, total), dtype)
         d_local_mean = tf.math.multiply_no_nan(sum_mean + 2.0 * (local_mean - mean) * sum_variance, share)
         bessel = op.get_attr("_graphsync_spread") == b"bessel"
-        weight = tf.nn.relu(count - 1.0) if bessel else tf.minimum(count, 1.0)
+        weight = tf.nn.relu(count - 1.0) if bessel else tf.sign(count)
         d_local_spread = sum_variance * tf.cast(tf.math.divide_no_nan(weight, total), dtype)
     return [None] * 4 + [d_local_mean, d_local_spread]
 

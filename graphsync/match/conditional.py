@@ -25,6 +25,7 @@ from graphsync.match.candidate import Candidate
 from graphsync.match.fused import FUSED_TYPES
 
 IF_TYPES = ("If", "StatelessIf")
+STARTS = IF_TYPES   # the op types candidates() starts from (see match.starting_types)
 GATE_ATTR = "_graphsync_gate"   # on the Switch ops graphsync/conditional.py puts before a rewritten If
 _FORWARD_OUTPUTS = {"y": 0, "batch_mean": 1, "batch_variance": 2}
 _GRAD_OUTPUTS = {"x_backprop": 0, "scale_backprop": 1, "offset_backprop": 2}

@@ -11,6 +11,7 @@ from graphsync import tf_private
 from graphsync.match.candidate import Candidate
 
 FUSED_TYPES = ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")
+STARTS = FUSED_TYPES   # the op types candidates() starts from (see match.starting_types)
 
 
 def is_training(op: tf.Operation) -> bool:

@@ -32,3 +32,29 @@ def gradient_entry(grad_ops: list, forward_inputs) -> tf.Tensor | None:
     if len(entries) != 1:
         return None
     return next(iter(entries)).deref()
+
+
+def entry_readers(entry: tf.Tensor, call: str, scopes: dict, forward_ops) -> tuple:
+    """The ops of gradient call `call` that read `entry` to differentiate `forward_ops`: their
+    gradient functions' ops, and the AddN ops that sum it into the gradient of one of their
+    tensors — Sub and Add pass a gradient through unchanged when the shapes agree, so the ops that
+    read it may belong to an op upstream."""
+    own = {op for forward in forward_ops for op in scopes.get(forward.name, {}).get(call, [])}
+    return tuple(op for op in entry.consumers()
+                 if op in own or (op.type == "AddN" and any(c in own for c in op.outputs[0].consumers())))
+
+
+def passed_through_entry(op: tf.Operation, call: str, scopes: dict, forward_ops) -> tf.Tensor | None:
+    """The gradient arriving at `op` when its gradient function built no ops (Add or Sub of equal
+    shapes hand it on unchanged): the one tensor that the gradient ops of its inputs (or the AddN
+    summing into them) read and that neither the gradient ops of `forward_ops` nor a forward op made."""
+    upstream = [t.op for t in op.inputs if t.op in forward_ops]
+    own = {g for f in upstream for g in scopes.get(f.name, {}).get(call, [])}
+    made = {g for f in forward_ops for g in scopes.get(f.name, {}).get(call, [])}
+    readers = set(own)
+    for g in own:
+        readers |= {t.op for t in g.inputs if t.op.type == "AddN" and t.op.name.startswith(call + "/")}
+    found = {t.ref() for r in readers for t in r.inputs
+             if t.op not in made and t.op not in readers and t.dtype.is_floating and
+             t.op.name.startswith(call + "/") and t.op.type not in SHAPE_TYPES}
+    return next(iter(found)).deref() if len(found) == 1 else None

@@ -9,6 +9,7 @@ from graphsync.match.fused import FUSED_TYPES
 
 FUNCTION_CALL_TYPES = ("If", "StatelessIf", "While", "StatelessWhile", "Case", "StatelessCase",
                        "PartitionedCall", "StatefulPartitionedCall")
+STARTS = FUNCTION_CALL_TYPES   # the op types that may hide a batch norm (see match.starting_types)
 
 
 def functions_with_training_batch_norm(graph: tf.Graph) -> set[str]:

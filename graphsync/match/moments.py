@@ -4,7 +4,8 @@
     SquaredDifference(x, StopGradient(mean))
     variance = Mean(that, axes, keep_dims) → consumers
 
-It is batch norm when the axes include the batch axis 0. Its gradients are found through the
+It is batch norm when the axes include the batch axis 0 (and it is not ghost batch norm,
+graphsync/match/ghost.py). Its gradients are found through the
 scopes `tf.gradients` itself names after each forward op (graphsync/match/gradients.py).
 """
 from __future__ import annotations
@@ -12,13 +13,13 @@ from __future__ import annotations
 import tensorflow as tf
 
 from graphsync.match.candidate import Candidate
+from graphsync.match.reductions import batch_axis_reason, const_axes
+
+STARTS = ("SquaredDifference",)   # the op types candidates() starts from (see match.starting_types)
 
 
 def _const_axes(op: tf.Operation, rank: int):
-    axes = tf.get_static_value(op.inputs[1])
-    if axes is None:
-        return None
-    return tuple(sorted({int(a) % rank for a in (axes.ravel() if hasattr(axes, "ravel") else [axes])}))
+    return const_axes(op.inputs[1], rank)
 
 
 def candidates(graph: tf.Graph) -> list[Candidate]:
@@ -43,13 +44,12 @@ def candidates(graph: tf.Graph) -> list[Candidate]:
         if axes is None or axes != _const_axes(variance_op, rank) or \
                 mean_op.get_attr("keep_dims") != variance_op.get_attr("keep_dims"):
             continue
-        reason = None
-        if 0 not in axes:
-            reason = f"moments over axes {list(axes)} exclude the batch axis 0: layer/instance/group norm"
-        elif not (_readers(mean_op.outputs[0], stopped.op) or variance_op.outputs[0].consumers()):
+        reason = batch_axis_reason(x, axes)
+        if reason is None and not (_readers(mean_op.outputs[0], stopped.op) or variance_op.outputs[0].consumers()):
             reason = "nothing reads its outputs (already synchronized, or unused)"
         found.append(Candidate(mean_op, "moments", reason, {
-            "variance": variance_op, "sqdiff": sqdiff, "stop_gradient": stopped.op, "axes": axes}))
+            "variance": variance_op, "sqdiff": sqdiff, "stop_gradient": stopped.op, "axes": axes, "x": x,
+            "keep_dims": mean_op.get_attr("keep_dims")}))
     return found
 
 

@@ -30,7 +30,7 @@ class Batch:
     inputs: list[Input]
     sizes: list[int]        # examples per tower
     group: int              # examples move within consecutive groups of this many towers
-    values: dict            # input label → the whole batch (Σ n_t examples), or a fixed value
+    values: dict            # input (its tensors) → the whole batch (Σ n_t examples), or a fixed value
     permutation: np.ndarray
     notes: list
     seed: int
@@ -63,7 +63,7 @@ class Batch:
         feed = {}
         splits = np.cumsum(self.sizes)[:-1]
         for item in self.inputs:
-            value = self.values[item.label]
+            value = self.values[tuple(item.tensors)]
             if item.kind == "fixed":
                 feed[graph.get_tensor_by_name(item.tensors[0])] = value
                 continue
@@ -113,7 +113,7 @@ def draw(inputs: list[Input], towers: int, batch_size, seed: int, group_size: in
     values, notes = {}, []
     for item in inputs:
         if item.kind == "fixed":
-            values[item.label] = item.value
+            values[tuple(item.tensors)] = item.value
             continue
         shape = tuple(UNKNOWN_DIM if d is None else d for d in item.example_shape)
         if None in item.example_shape:
@@ -129,7 +129,7 @@ def draw(inputs: list[Input], towers: int, batch_size, seed: int, group_size: in
             value = rng.randint(0, item.classes, (total,) + shape).astype(dtype)
         else:
             value = rng.uniform(size=(total,) + shape) < 0.5
-        values[item.label] = value
+        values[tuple(item.tensors)] = value
     permutation = _group_exchange(sizes, group, rng)
     return Batch(inputs, sizes, group, values, permutation, notes, seed)
 

@@ -77,7 +77,8 @@ class VerifyReport:
         return self.format()
 
     def format(self, verbose: bool = False) -> str:
-        """The report as text; `verbose` lists every layer's traffic (else the largest few)."""
+        """The report as text; `verbose` lists every layer's traffic (else the largest few), layers
+        in forward order."""
         lines = [f"{self.graph}: {len(self.towers)} towers ({', '.join(self.towers)}), "
                  f"{_count(len(self.rewritten.layers), 'synchronized layer')}"]
         for device, cpu in self.devices.items():
@@ -130,8 +131,8 @@ class VerifyReport:
         traffic = self.rewritten.traffic
         if not traffic:
             return []
-        shown = traffic if verbose or len(traffic) <= SHOWN_LAYERS else \
-            sorted(traffic, key=lambda t: -t.total)[:SHOWN_LAYERS]
+        largest = sorted(range(len(traffic)), key=lambda i: -traffic[i].total)[:SHOWN_LAYERS]
+        shown = traffic if verbose or len(traffic) <= SHOWN_LAYERS else [traffic[i] for i in sorted(largest)]
         width = max(len(t.layer) for t in shown)
         reduced = any(t.forward_reduced or t.backward_reduced for t in traffic)
         lines = ["bytes across devices per step and synchronized layer, "

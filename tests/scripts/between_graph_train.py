@@ -5,7 +5,9 @@ it computed saved to OUT (.npz). tests/test_between_graph.py runs it under `grap
 under plain python.
 
     TF_CONFIG='{"cluster": {"worker": [...]}, "task": {"type": "worker", "index": 1}}' \\
-        python between_graph_train.py OUT [--sizes 3,5] [--towers 1] [--channels 4]
+        python between_graph_train.py OUT [--sizes 3,5] [--towers 1] [--channels 4] [--v1]
+
+--v1: tf.compat.v1.disable_v2_behavior() first, as tf_cnn_benchmarks and many TF1 scripts do.
 
 --sizes: examples per worker (per tower with --towers K: K numbers per worker, worker after worker).
 The model: conv → batch norm → relu → conv → batch norm → relu → mean → dense, squared-error loss
@@ -98,7 +100,10 @@ def main():
     parser.add_argument("--sizes", default="3,5")
     parser.add_argument("--towers", type=int, default=1, help="towers per worker")
     parser.add_argument("--channels", type=int, default=4)
+    parser.add_argument("--v1", action="store_true", help="build the graph with TensorFlow 1 behaviour")
     args = parser.parse_args()
+    if args.v1:
+        tf1.disable_v2_behavior()
     tf_config = json.loads(os.environ["TF_CONFIG"])
     job, index = tf_config["task"]["type"], tf_config["task"]["index"]
     config = tf1.ConfigProto(device_count={"CPU": args.towers}, inter_op_parallelism_threads=2,

@@ -44,8 +44,9 @@ def tower_loss(images, labels, total):
     return tf.reduce_sum(per_example) / total
 
 
-def build(sizes, learning_rate=0.5):
-    """Towers of the given batch sizes in the default graph: (train_op, {placeholder: value})."""
+def build(sizes, learning_rate=0.5, after_tower=None):
+    """Towers of the given batch sizes in the default graph: (train_op, {placeholder: value}).
+    after_tower(i, loss, feed), when given, is called once tower i is built (feed: its inputs)."""
     images, labels = data(sum(sizes))
     optimizer = tf1.train.GradientDescentOptimizer(learning_rate)
     tower_grads, feed, start = [], {}, 0
@@ -56,7 +57,10 @@ def build(sizes, learning_rate=0.5):
             y = tf1.placeholder(tf.int32, [None], name="labels")
             feed[x], feed[y] = images[start:start + size], labels[start:start + size]
             start += size
-            tower_grads.append(optimizer.compute_gradients(tower_loss(x, y, sum(sizes))))
+            loss = tower_loss(x, y, sum(sizes))
+            tower_grads.append(optimizer.compute_gradients(loss))
+        if after_tower is not None:
+            after_tower(i, loss, {x: feed[x], y: feed[y]})
     summed = [(tf.add_n([g for g, _ in gv]), gv[0][1]) for gv in zip(*tower_grads)]
     with tf.control_dependencies(tf1.get_collection(tf1.GraphKeys.UPDATE_OPS, "tower_0")):
         train_op = optimizer.apply_gradients(summed, global_step=tf1.train.get_or_create_global_step())

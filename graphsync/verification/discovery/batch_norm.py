@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from graphsync import match, tf_private
+from graphsync import match, order, tf_private
 from graphsync.conditional import predicate
 from graphsync.match import conditional
 from graphsync.towers import Tower, tower_of
@@ -14,7 +14,7 @@ from graphsync.verification import trace
 def batch_norm_ops(graph: tf.Graph, towers: list[Tower]) -> list[str]:
     """Per-tower batch-norm ops that compute per-tower statistics: training-mode fused ops and
     their gradient ops, and the two Mean ops of `tf.nn.moments` over the batch axis (also once
-    graphsync rerouted them: their StopGradient then reads `<mean op>_sync/…`)."""
+    graphsync rerouted them: their StopGradient then reads `<mean op>_sync/…`), in the order they run."""
     names = []
     for op in graph.get_operations():
         if op.type in match.FUSED_TYPES and match.is_training(op):
@@ -22,12 +22,15 @@ def batch_norm_ops(graph: tf.Graph, towers: list[Tower]) -> list[str]:
             names.extend(g.name for g in match.fused_gradient_ops(op))
         elif op.type == "SquaredDifference":
             names.extend(_moments_ops(graph, op))
-    for cand in conditional.candidates(graph):   # as trace.executed names what ran inside an If
+    hidden = {}   # a conditional layer's ops, named as trace.executed names what ran inside an If
+    for cand in conditional.candidates(graph):
         if cand.parts:
-            names.append(f"{cand.name}/{cand.parts['node'].name}")
-            names.extend(f"{grad.op.name}/{grad.node}" for grad in cand.parts["grads"])
-    return sorted({n for n in names if tower_of(n, towers) is not None and not n.startswith("graphsync/")
-                   and "_sync/" not in n and "_sync_grad_" not in n})
+            hidden[f"{cand.name}/{cand.parts['node'].name}"] = cand.name
+            hidden.update({f"{grad.op.name}/{grad.node}": grad.op.name for grad in cand.parts["grads"]})
+    names.extend(hidden)
+    return order.sort_names(graph, {n for n in names if tower_of(n, towers) is not None
+                                    and not n.startswith("graphsync/") and "_sync/" not in n and "_sync_grad_" not in n},
+                            lambda name: hidden.get(name, name))
 
 
 def training_flags(graph: tf.Graph, towers: list[Tower]) -> list[tf.Tensor]:
@@ -85,11 +88,12 @@ def _reduces_batch(op: tf.Operation) -> bool:
 
 def synchronized_layers(graph: tf.Graph, towers: list[Tower]) -> list[str]:
     """The layers graphsync synchronized: from their aggregation scopes (graphsync/<layer>/…) or,
-    all-reduced, from the collectives in the towers' <layer>_sync/ scopes."""
+    all-reduced, from the collectives in the towers' <layer>_sync/ scopes; in the order the first
+    tower runs them (by its layer op, which the rewrite leaves in the graph)."""
     layers = set()
     for op in graph.get_operations():
         if op.name.startswith("graphsync/") or op.type.startswith("Collective"):
             found = trace.layer_of(op.name, towers)
             if found:
                 layers.add(found[0])
-    return sorted(layers)
+    return order.sort_names(graph, layers, lambda layer: towers[0].prefix + layer)

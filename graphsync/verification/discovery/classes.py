@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from graphsync import shapes
+
 PASS_THROUGH = ("Identity", "Cast", "Reshape", "Squeeze", "ExpandDims", "StopGradient", "Snapshot",
                 "ToInt64", "ToInt32", "Split", "SplitV", "Slice", "StridedSlice", "Unpack")
 
@@ -23,13 +25,13 @@ def count(tensor: tf.Tensor) -> tuple[int | None, str]:
             if op.type in PASS_THROUGH and index == 0:
                 stack.extend((out, depth + 1) for out in op.outputs)
             elif op.type == "SparseSoftmaxCrossEntropyWithLogits" and index == 1:
-                found.append((op.inputs[0].shape[-1], "the logits' width"))
+                found.append((shapes.dim(op.inputs[0].shape, -1), "the logits' width"))
             elif op.type == "OneHot" and index == 0:
                 found.append((tf.get_static_value(op.inputs[1]), "a one-hot depth"))
             elif op.type in ("InTopK", "InTopKV2") and index == 1:
-                found.append((op.inputs[0].shape[-1], "the predictions' width"))
+                found.append((shapes.dim(op.inputs[0].shape, -1), "the predictions' width"))
             elif op.type in ("GatherV2", "Gather") and index == 1:
-                found.append((op.inputs[0].shape[0], "a gather's table size"))
+                found.append((shapes.dim(op.inputs[0].shape, 0), "a gather's table size"))
             elif op.type == "ResourceGather" and index == 1:
                 found.append((_variable_rows(op.inputs[0]), "a gather's table size"))
     sizes = [(int(n), why) for n, why in found if n is not None]
@@ -55,5 +57,5 @@ def _variable_rows(handle: tf.Tensor):
     op = handle.op
     if op.type == "VarHandleOp":
         shape = tf.TensorShape(op.get_attr("shape"))
-        return shape[0] if shape.rank else None
+        return shapes.dim(shape, 0) if shape.rank else None
     return None

@@ -12,6 +12,13 @@ that only one tower reads.
 
 Feeding the pieces rather than the whole tensor lets towers hold different numbers of examples
 and keeps strided slicing right; the splitting ops then do not run.
+
+An op that only carries examples on (plumbing, arithmetic with a constant) belongs to the tower
+whose layers read what it passes on, wherever its name sits: tensorpack makes every tower's
+inputs inside the first tower's scope (tower0/TensorInput/random_uniform_2 read by
+tower1/image_preprocess/…), and any framework that builds the inputs before entering the tower
+scopes does the same. Its name decides only when its examples reach no tower's layer.
+(Carriers outside every tower are shared plumbing, walked through as before.)
 """
 from __future__ import annotations
 
@@ -26,6 +33,7 @@ PLUMBING = ("Identity", "IdentityN", "Snapshot", "StopGradient", "EnsureShape", 
             "Enter", "Switch", "Merge")
 SLICING = ("Split", "SplitV", "Slice", "StridedSlice", "Unpack", "GatherV2", "Gather")
 _DATA_INPUT = {"Split": 1}   # which input holds the data (tf.split's axis comes first)
+_WALK_LIMIT = 10000          # tensors followed down from one op to the layers reading its examples
 ELEMENTWISE = ("Mul", "Add", "AddV2", "Sub", "RealDiv", "Div", "Maximum", "Minimum", "FloorDiv")
 
 
@@ -63,14 +71,47 @@ def find(tensor: tf.Tensor, needed: set, tower_of_op):
             continue
         # the backward pass reads what its forward op reads, from wherever tf.gradients was called
         readers = [c for c in readers if not GRADIENT_SCOPE.search(c.name)] or readers
-        owners = {tower_of_op(c) for c in readers}
+        tower_of_reader = {c: owner(c, current, needed, tower_of_op) for c in readers}
+        owners = set(tower_of_reader.values())
         if len(owners) == 1 and None not in owners:
             found.setdefault(owners.pop(), []).append(current)
             continue
         for reader in readers:
-            in_tower = tower_of_op(reader) is not None
+            in_tower = tower_of_reader[reader] is not None
             if (reader.type in SLICING and data_input(reader) is current) if in_tower else carries(reader, current):
                 stack.extend(o for o in reader.outputs if o.dtype == current.dtype or reader.type == "Cast")
             else:
                 return GLOBAL
     return found or GLOBAL
+
+
+def owner(op: tf.Operation, tensor: tf.Tensor, needed: set, tower_of_op):
+    """The tower `op` belongs to as a reader of `tensor`: the tower its name is in, except for an
+    op in a tower's scope that carries the examples on: the one tower whose layers read them (None
+    when several do). Carriers outside the towers stay shared: `find` walks through them."""
+    scoped = tower_of_op(op)
+    if scoped is None or not carries(op, tensor):
+        return scoped
+    reached = {tower_of_op(layer) for layer, _ in first_layers(op.outputs, needed)}
+    if len(reached) == 1 and None not in reached:
+        return reached.pop()
+    return None if len(reached - {None}) > 1 else scoped
+
+
+def first_layers(tensors, needed: set) -> list[tuple[tf.Operation, int]]:
+    """The first forward ops below `tensors` that do more than carry their examples on, each with
+    the input it reads them through."""
+    found, stack, seen = [], list(tensors), set()
+    while stack and len(seen) < _WALK_LIMIT:
+        current = stack.pop()
+        if current.ref() in seen:
+            continue
+        seen.add(current.ref())
+        for reader in current.consumers():
+            if reader not in needed or GRADIENT_SCOPE.search(reader.name):
+                continue
+            if carries(reader, current):
+                stack.extend(reader.outputs)
+            else:
+                found.append((reader, [t.ref() for t in reader.inputs].index(current.ref())))
+    return found

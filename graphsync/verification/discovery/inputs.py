@@ -6,6 +6,7 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
+from graphsync import shapes
 from graphsync.errors import GraphsyncError
 from graphsync.verification.discovery import classes, names
 
@@ -60,7 +61,7 @@ def batch(graph: tf.Graph, kind: str, tensor_names: list[str], num_classes, orig
         if not found:
             raise GraphsyncError(f"cannot tell the range of integer input {names.tower_pattern(tensor_names)}: "
                                  "pass --num-classes K")
-    return Input(kind, list(tensor_names), dtype, tuple(shape[1:].as_list()), [t.shape[0] for t in tensors],
+    return Input(kind, list(tensor_names), dtype, tuple(shape[1:].as_list()), [shapes.dim(t.shape, 0) for t in tensors],
                  found, source, origin=origin)
 
 

@@ -40,7 +40,8 @@ def per_tower(graph: tf.Graph, towers: list[Tower], name: str) -> list[str] | No
 
 
 def tower_pattern(names: list[str]) -> str:
-    """'tower_0/images:0', 'tower_1/images:0' → 'tower_*/images:0' (the names' common shape)."""
+    """'tower_0/images:0', 'tower_1/images:0' → 'tower_*/images:0' (the names' common shape, where
+    they differ only in numbers counting up one per tower); else the names listed."""
     first = names[0]
     if len(names) < 2:
         return first
@@ -51,7 +52,11 @@ def tower_pattern(names: list[str]) -> str:
         return listed
     for i in range(len(pieces)):
         if any(o[i] != pieces[i] for o in others):
-            if i % 2 == 0:
+            if i % 2 == 0 or not _counts_up([int(pieces[i])] + [int(o[i]) for o in others]):
                 return listed
             pieces[i] = "*"
     return "".join(pieces)
+
+
+def _counts_up(numbers: list[int]) -> bool:
+    return numbers == list(range(numbers[0], numbers[0] + len(numbers)))

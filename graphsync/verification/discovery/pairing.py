@@ -1,11 +1,15 @@
 """Tower entries paired across towers into per-tower inputs: the tensors through which the same
 layer of each tower reads its examples form one input.
 
-Entries are keyed by their dtype, example shape and the names, inside their tower, of the forward
-ops that read them (`conv1/Conv2D` in every tower); what that leaves unpaired is paired by dtype,
-example shape and the source they come from (the pieces of one split batch), then by dtype,
-example shape and output position (one iterator per replica). Names only pair; the entries were
-found by structure.
+Entries are paired by structure first: by dtype, example shape and the first layers they reach
+through ops that only carry examples on (the layers' op types and the input they read them
+through: `Conv2D` input 0), and, among a tower's entries alike in all that, by their place in the
+data path (the order the forward pass runs those layers, graphsync/order.py): the k-th such entry
+of every tower forms one input. Whatever that leaves unpaired (towers with different numbers of
+such entries) is paired by dtype, example shape and the source they come from (the pieces of one
+split batch), then by dtype, example shape and output position (one iterator per replica), and
+last by the names, inside their tower, of the forward ops that read them. The entries were found
+by structure; names at most pair what structure left.
 """
 from __future__ import annotations
 
@@ -13,9 +17,10 @@ import dataclasses
 
 import tensorflow as tf
 
+from graphsync import order
 from graphsync.errors import GraphsyncError
 from graphsync.towers import Tower
-from graphsync.verification.discovery import names
+from graphsync.verification.discovery import entries as entries_module, names
 from graphsync.verification.discovery.loss import GRADIENT_SCOPE
 
 
@@ -29,15 +34,40 @@ class Entry:
 
 def pair(entries: list[Entry], towers: list[Tower], needed: set, tower_of_op) -> list[list[Entry]]:
     """Groups of one entry per tower (in tower order); raises when some cannot be paired."""
-    groups, left = _group(entries, towers, lambda e: _readers_key(e, needed, tower_of_op))
+    groups, left = _by_position(entries, towers, needed)
     pieces, left = _group(left, towers, lambda e: (e.tensor.dtype, _example_shape(e.tensor), e.source.name))
     more, left = _group(left, towers, lambda e: (e.tensor.dtype, _example_shape(e.tensor), e.source.value_index,
                                                  e.source.op.type))
+    named, left = _group(left, towers, lambda e: _readers_key(e, needed, tower_of_op))
     if left:
         where = sorted({e.tower.label for e in left})
         raise GraphsyncError(f"cannot pair input {left[0].tensor.name} with the other towers' inputs (found in "
                              f"{', '.join(where)} only): name the tensors to feed with --input NAME")
-    return groups + pieces + more
+    return groups + pieces + more + named
+
+
+def _by_position(entries, towers, needed):
+    """Groups of the entries alike in dtype, example shape and first layers (their types and the
+    input they read), the k-th of each tower's (in forward order of those layers) together; the
+    rest is left."""
+    layers = {id(e): set(entries_module.first_layers([e.tensor], needed)) for e in entries}
+    placed = order.positions([op for found in layers.values() for op, _ in found] + [e.tensor.op for e in entries])
+    by_key: dict = {}
+    for entry in entries:
+        signature = tuple(sorted((op.type, index) for op, index in layers[id(entry)]))
+        by_key.setdefault((entry.tensor.dtype, _example_shape(entry.tensor), signature), []).append(entry)
+
+    def position(entry):
+        return min((placed[op] for op, _ in layers[id(entry)]), default=placed[entry.tensor.op])
+
+    groups, left = [], []
+    for members in by_key.values():
+        per_tower = [sorted((e for e in members if e.tower == t), key=position) for t in towers]
+        if len({len(found) for found in per_tower}) == 1:
+            groups += [list(group) for group in zip(*per_tower)]
+        else:
+            left.extend(members)
+    return groups, left
 
 
 def _group(entries, towers, key):

@@ -5,6 +5,7 @@ import dataclasses
 
 import tensorflow as tf
 
+from graphsync import shapes
 from graphsync.errors import GraphsyncError
 from graphsync.towers import Tower
 from graphsync.verification.discovery import (batch_norm, entries, inputs, loss as losses, names, pairing, sources,
@@ -118,7 +119,7 @@ def _found(graph, towers, fetches, user_tensors, num_classes, notes) -> list[Inp
                 found.append(inputs.batch(graph, "shared", [tensor.name], num_classes,
                                           origin=f"{source.what}, read as a whole"))
             continue
-        if tensor.shape.rank and tensor.shape[0] is None:
+        if tensor.shape.rank and shapes.dim(tensor.shape, 0) is None:
             found.append(inputs.batch(graph, "shared", [tensor.name], num_classes,
                                       origin=f"{source.what}, read as a whole"))
         else:
@@ -141,7 +142,7 @@ def _noise(graph, towers, noise: list, found: list, needed, tower_of_op, notes) 
     except GraphsyncError:
         groups, left = [], left + [e.tensor.name for e in feedable]
     for group in groups:
-        batches = tuple(e.tensor.shape[0] for e in group)
+        batches = tuple(shapes.dim(e.tensor.shape, 0) for e in group)
         per_example = batches in sizes if sizes else all(b is None or b > 1 for b in batches)
         if all(b is None for b in batches) or per_example:
             item = inputs.batch(graph, "per_tower", [e.tensor.name for e in group], None, origin=group[0].origin)

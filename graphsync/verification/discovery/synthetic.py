@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from graphsync import shapes
 from graphsync.verification.discovery import sources
 from graphsync.verification.discovery.state import VARIABLE_TYPES
 
@@ -77,7 +78,7 @@ def _keeps_examples(before: tf.Tensor, after: tf.Tensor) -> bool:
     """`after` still has one row per example of `before` (same rank, same known batch size)."""
     if before.shape.rank is None or after.shape.rank is None or after.shape.rank < 1:
         return False
-    return before.shape[0] == after.shape[0] or (before.shape[0] is None and after.shape[0] is None)
+    return shapes.dim(before.shape, 0) == shapes.dim(after.shape, 0)
 
 
 def _upstream_has(tensor: tf.Tensor, needed: set, types) -> bool:

@@ -1,0 +1,90 @@
+"""Between-graph steps that reach into a task other workers' steps use too: refused before the
+first step.
+
+A step with cross-process collectives takes its step id from the group's shared sequence (its
+leader hands every worker the same one, so their collectives find each other), where a step
+without collectives draws a random one. A task that runs part of several workers' steps — a
+parameter server holding variables, the global step or sync queues (tf.train.replica_device_setter,
+tf_cnn_benchmarks' parameter_server and distributed_replicated modes), or another worker — then
+receives the same step id from every worker, and keys its rendezvous by step id alone: the first
+worker to finish cleans the id up and aborts the others' part of their step on that task
+(`AbortedError: From /job:ps/replica:0/task:0: Cleanup <step id>`), at a step that depends on timing.
+No rewrite can give the workers different step ids and keep their collectives paired, so such a
+graph is refused whole, naming the task and one op placed there.
+"""
+from __future__ import annotations
+
+import tensorflow as tf
+
+from graphsync import tf_private
+from graphsync.errors import GraphsyncError
+
+
+def check(ops: list) -> None:
+    """Raises GraphsyncError when a training step through `ops` (the synchronized batch norms) runs
+    an op on a task other than theirs: every op those ops read, or that reads them, through data
+    or control edges, and the resources these use."""
+    own = {_task(op.device) for op in ops}
+    foreign = {}
+    for op in _with_resources(_connected(ops)):
+        task = _task(op.device)
+        if task[0] is not None and task not in own:
+            foreign.setdefault(task, op)
+    if foreign:
+        task, op = sorted(foreign.items(), key=lambda item: str(item[0]))[0]
+        where = _name(task)
+        also = f" (and {len(foreign) - 1} more task{'s' if len(foreign) > 2 else ''})" if len(foreign) > 1 else ""
+        raise GraphsyncError(
+            f"parameter-server training cannot be synchronized: the step of {_name(sorted(own, key=str)[0])} runs "
+            f"{op.name} ({op.type}) on {where}{also}, which the other workers' steps use too; with cross-process "
+            "collectives every worker's step has the same step id, and that task mixes the workers' steps up "
+            "(one worker's step end aborts another's: AbortedError … Cleanup): keep every op of the step on its "
+            "worker (tf_cnn_benchmarks: --variable_update=collective_all_reduce), or run without graphsync")
+
+
+def _connected(ops: list) -> list:
+    """`ops`, their ancestors and their descendants (data and control edges)."""
+    seen, found = set(), []
+    for direction in (_inputs_of, _outputs_of):
+        stack = list(ops)
+        visited = set()
+        while stack:
+            op = stack.pop()
+            if op in visited:
+                continue
+            visited.add(op)
+            if op not in seen:
+                seen.add(op)
+                found.append(op)
+            stack.extend(direction(op))
+    return found
+
+
+def _with_resources(ops: list) -> list:
+    """`ops` and the ops making the resources they use: an op on a resource runs where the
+    resource lives (a resource variable's AssignAdd by a worker runs on the ps)."""
+    return ops + [t.op for op in ops for t in op.inputs if t.dtype == tf.resource]
+
+
+def _inputs_of(op):
+    return [t.op for t in op.inputs] + list(op.control_inputs)
+
+
+def _outputs_of(op):
+    return [c for t in op.outputs for c in t.consumers()] + tf_private.control_outputs(op)
+
+
+def _task(device: str) -> tuple:
+    """(job, replica, task) of a device name; None for what it leaves unnamed (replica and task
+    default to 0 where a job is named)."""
+    if not device:
+        return (None, None, None)
+    spec = tf.DeviceSpec.from_string(device)
+    if spec.job is None:
+        return (None, None, None)
+    return (spec.job, spec.replica or 0, spec.task or 0)
+
+
+def _name(task: tuple) -> str:
+    job, replica, index = task
+    return "this process's own devices" if job is None else f"/job:{job}/replica:{replica}/task:{index}"

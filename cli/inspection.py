@@ -47,7 +47,7 @@ def _inspection(loaded, plan) -> dict:
     layers = []
     for layer in plan.layers:
         layers.append({
-            "name": layer.name, "kind": layer.kind, "synchronize": True,
+            "name": layer.name, "kind": layer.shown_kind, "synchronize": True,
             "gradients": layer.has_gradients, "grad_ops_per_tower": len(layer.sites[0].grad_ops),
             "sites": [{"tower": s.tower.label, "op": s.op.name, "device": s.device} for s in layer.sites]})
     skipped = []

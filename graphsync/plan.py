@@ -63,6 +63,14 @@ class LayerPlan:
         return bool(self.sites[0].grad_ops)
 
     @property
+    def shown_kind(self) -> str:
+        """What reports call the layer: "conditional" behind a tensor training flag (a v2 If, or a
+        fused op inside a v1 tf.cond), else its kind."""
+        if self.kind == "fused" and tf_private.control_flow_context(self.sites[0].op) is not None:
+            return "conditional"
+        return self.kind
+
+    @property
     def residual_epsilon(self) -> float | None:
         """The ε of a fused layer's residuals: its statistics kernel uploads Σ(x − m̂)/√(v + ε)
         (graphsync/fused.py), which the merge scales back; moments residuals are Σ(x − m̂) (None)."""
@@ -131,7 +139,8 @@ def _match_and_pair(graph: tf.Graph, towers, device, process_group) -> Plan:
     skipped = [(c.name, c.skip_reason) for c in candidates if c.skip_reason]
     live = [c for c in candidates if not c.skip_reason]
     explicit = towers is not None
-    hidden = _calls_hiding_batch_norm(graph)
+    understood = {c.op for c in candidates if c.kind == "conditional" and c.parts}   # see match/conditional.py
+    hidden = [op for op in _calls_hiding_batch_norm(graph) if op not in understood]
     found_towers = find_towers([c.name for c in candidates] + [op.name for op in hidden], towers)
     found_by, left_out = ("towers= option" if explicit else known_convention(found_towers)) if found_towers else "", []
     if not explicit and live and not _known_names_suffice(found_towers, live):
@@ -228,12 +237,19 @@ def _layer_plan(name: str, per_tower, scopes) -> LayerPlan:
         raise GraphsyncError(
             f"layer {name!r} ({present[0].name}) is missing from tower(s) {', '.join(missing)}: "
             "every tower must build the same layers (or pass towers= to choose the towers)")
-    for op in present:
-        if tf_private.control_flow_context(op) is not None:
-            raise GraphsyncError(
-                f"{op.name} sits inside a v1 tf.cond/while_loop, which graphsync cannot rewrite: "
-                "pass training=True as a Python bool instead of a tensor")
     first, kind = present[0], per_tower[0][1].kind
+    if kind == "conditional":
+        from graphsync.conditional import layer_plan   # pylint: disable=import-outside-toplevel (a cycle)
+        return layer_plan(name, per_tower)
+    for op in present:
+        if tf_private.in_while_loop(op):
+            raise GraphsyncError(
+                f"{op.name} sits inside a v1 tf.while_loop, which graphsync cannot rewrite: "
+                "build the batch norm outside the loop")
+    flags = {t.label: tf_private.cond_predicate(cand.op) for t, cand in per_tower}
+    if any(f is not None for f in flags.values()):   # a v1 tf.cond around the op (a tensor training flag)
+        from graphsync.conditional import check_one_flag, predicate   # pylint: disable=import-outside-toplevel
+        check_one_flag(name, {label: predicate(f) if f is not None else None for label, f in flags.items()})
     attrs = [_signature(cand) for _, cand in per_tower]
     for op, sig in zip(present[1:], attrs[1:]):
         if sig != attrs[0]:

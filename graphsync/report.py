@@ -72,9 +72,10 @@ class RewriteReport:
         lines = [self.summary]
         if self.layers:
             width = max(len(l.name) for l in self.layers)
-            lines.append(f"  {'layer':<{width}}  kind    backward   towers")
+            kinds = max(6, max(len(l.kind) for l in self.layers))
+            lines.append(f"  {'layer':<{width}}  {'kind':<{kinds}}  backward   towers")
             for l in self.layers:
-                lines.append(f"  {l.name:<{width}}  {l.kind:<6}  {l.backward:<9}  {len(l.tower_ops)}")
+                lines.append(f"  {l.name:<{width}}  {l.kind:<{kinds}}  {l.backward:<9}  {len(l.tower_ops)}")
         for s in self.skipped:
             lines.append(f"  skipped {s.op}: {s.reason}")
         return "\n".join(lines)

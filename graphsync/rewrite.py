@@ -62,7 +62,7 @@ def _rewrite(graph, towers, device, strategy, group_size, process_group) -> Rewr
         count = splice.splice_layer(graph, layer, exchange)
         report.edges_moved += count.edges
         report.grad_ops_replaced += count.grads_replaced
-        report.layers.append(LayerReport(layer.name, layer.kind, tuple(s.op.name for s in layer.sites),
+        report.layers.append(LayerReport(layer.name, layer.shown_kind, tuple(s.op.name for s in layer.sites),
                                          "rewritten" if layer.has_gradients else "autodiff"))
     _check(plan)
     if report.changed:
@@ -98,6 +98,7 @@ def _check(plan: Plan) -> None:
     """After the splice nothing may still read an old op: it would keep running every step."""
     for layer in plan.layers:
         for site in layer.sites:
+            site = site.parts.get("stand_in", site)   # a conditional layer's (graphsync/conditional.py)
             if layer.kind == "moments":
                 old = [(op, op.outputs[:1]) for op in (site.op, site.parts["variance"])]
             else:   # the fused op's reserve spaces stay read by its (dead) gradient ops

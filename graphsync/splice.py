@@ -11,7 +11,7 @@ import dataclasses
 
 import tensorflow as tf
 
-from graphsync import fused, match, stats
+from graphsync import conditional, fused, match, stats
 from graphsync.exchange import Synchronized, differentiation, summed_gradient
 from graphsync.plan import LayerPlan, Site
 from graphsync.reroute import reroute_consumers, reroute_control_outputs
@@ -30,6 +30,8 @@ class SpliceCount:
 def splice_layer(graph: tf.Graph, layer: LayerPlan, exchange) -> SpliceCount:
     """Synchronizes one layer through `exchange` (see graphsync.exchange); returns what moved."""
     count = SpliceCount()
+    if layer.kind == "conditional":
+        layer, count.edges = conditional.stand_in(graph, layer)
     if layer.kind == "fused":
         uploads = []
         for site in layer.sites:

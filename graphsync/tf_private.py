@@ -36,6 +36,19 @@ def control_flow_context(op: tf.Operation):
     return op._get_control_flow_context()  # pylint: disable=protected-access
 
 
+def in_while_loop(op: tf.Operation) -> bool:
+    """Whether `op` lives inside a v1 `tf.while_loop` (a v1 `tf.cond` alone does not count: its
+    Switch outputs gate the op, and what graphsync builds from them is gated alike)."""
+    context = control_flow_context(op)
+    return context is not None and context.GetWhileContext() is not None
+
+
+def cond_predicate(op: tf.Operation):
+    """The predicate of the innermost v1 `tf.cond` around `op`, or None."""
+    context = control_flow_context(op)
+    return getattr(context, "pred", None) if context is not None else None
+
+
 def function_library(graph: tf.Graph) -> dict:
     """Name → FunctionDef of every function the graph holds (bodies of If/While/PartitionedCall)."""
     return {name: fn.cached_definition if hasattr(fn, "cached_definition") else fn.definition

@@ -115,20 +115,20 @@ def test_no_towers_is_refused():
     _assert_refused(graph, "no towers found")
 
 
-def test_control_flow_v2_batch_norm_is_refused():
+def test_control_flow_v2_batch_norm_behind_one_flag_per_tower_is_refused():
     def model(i, x):
         training = tf1.placeholder_with_default(True, [])
         return tf.cond(training, lambda: models.raw_fused_bn(x, "bn")[0], lambda: x)
-    _assert_refused(_towers_graph(model), "inside a function body")
+    _assert_refused(_towers_graph(model), "different training flag in each tower")
 
 
-def test_control_flow_v1_batch_norm_is_refused():
+def test_control_flow_v1_batch_norm_behind_one_flag_per_tower_is_refused():
     tf1.disable_control_flow_v2()
     try:
         def model(i, x):
             training = tf1.placeholder_with_default(True, [])
             return tf.cond(training, lambda: models.raw_fused_bn(x, "bn")[0], lambda: x)
-        _assert_refused(_towers_graph(model), "v1 tf.cond")
+        _assert_refused(_towers_graph(model), "different training flag in each tower")
     finally:
         tf1.enable_control_flow_v2()
 

@@ -10,6 +10,8 @@ One module per form of batch norm; each offers `candidates(graph) -> list[Candid
                  Mean or Sum / count; sufficient_statistics without shift
     sufficient   sufficient_statistics + normalize_moments with a shift     "moments"
     weighted     tf.nn.weighted_moments, weights per example or pixel      "moments"
+    conditional  an If whose branches train / infer one fused batch norm    "conditional"
+                 (a tensor `training` flag under control flow v2)
 
 Every "moments" candidate hands the splice parts x, variance (op), axes and keep_dims (and
 weights, for weighted moments); the forms differ only in how they are found.
@@ -27,7 +29,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from graphsync.match import fused, handwritten, hidden, moments, sufficient, weighted
+from graphsync.match import conditional, fused, handwritten, hidden, moments, sufficient, weighted
 from graphsync.match.candidate import Candidate
 from graphsync.match.fused import (FUSED_TYPES, GRAPHSYNC_GRADIENTS, fused_gradient_ops, is_live,
                                    is_training, made_by_graphsync)
@@ -35,7 +37,7 @@ from graphsync.match.gradients import (SHAPE_TYPES, entry_readers, gradient_entr
                                        passed_through_entry)
 from graphsync.match.hidden import FUNCTION_CALL_TYPES, called_functions, functions_with_training_batch_norm
 
-FORMS = (fused, moments, handwritten, sufficient, weighted)
+FORMS = (fused, moments, handwritten, sufficient, weighted, conditional)
 
 __all__ = ["Candidate", "FORMS", "FUNCTION_CALL_TYPES", "FUSED_TYPES", "GRAPHSYNC_GRADIENTS", "SHAPE_TYPES",
            "called_functions", "candidates", "entry_readers", "functions_with_training_batch_norm",

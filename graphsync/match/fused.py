@@ -31,7 +31,8 @@ def is_live(op: tf.Operation) -> bool:
     return any(t.consumers() for t in op.outputs[:3]) or bool(tf_private.control_outputs(op))
 
 
-GRAPHSYNC_GRADIENTS = ("GraphsyncFusedLocalMoments", "GraphsyncFusedNormalize", "GraphsyncSynchronizedNormalize")
+GRAPHSYNC_GRADIENTS = ("GraphsyncFusedLocalMoments", "GraphsyncFusedNormalize", "GraphsyncSynchronizedNormalize",
+                       "GraphsyncConditionalStandIn")
 
 
 def made_by_graphsync(op: tf.Operation) -> bool:

@@ -57,9 +57,14 @@ def layer_of(name: str, towers) -> tuple[str, str] | None:
     return (found.group("layer"), found.group("phase")) if found else None
 
 
+_INLINED_BRANCH = re.compile(r"/(?:then|else)/_\d+/")
+
+
 def executed(metadata) -> set:
-    """Names of the nodes that ran."""
-    return {node.node_name for dev in metadata.step_stats.dev_stats for node in dev.node_stats}
+    """Names of the nodes that ran; a node TensorFlow inlined from an If's branch
+    (`<If>/then/_N/<node>`) also as `<If>/<node>`, how batch_norm.batch_norm_ops names it."""
+    names = {node.node_name for dev in metadata.step_stats.dev_stats for node in dev.node_stats}
+    return names | {_INLINED_BRANCH.sub("/", name) for name in names if "/_" in name}
 
 
 def _output_bytes(metadata) -> dict:

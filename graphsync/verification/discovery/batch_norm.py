@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from graphsync import match, order
+from graphsync import match, order, tf_private
+from graphsync.conditional import predicate
+from graphsync.match import conditional
 from graphsync.towers import Tower, tower_of
 from graphsync.verification import trace
 
@@ -20,8 +22,34 @@ def batch_norm_ops(graph: tf.Graph, towers: list[Tower]) -> list[str]:
             names.extend(g.name for g in match.fused_gradient_ops(op))
         elif op.type == "SquaredDifference":
             names.extend(_moments_ops(graph, op))
+    hidden = {}   # a conditional layer's ops, named as trace.executed names what ran inside an If
+    for cand in conditional.candidates(graph):
+        if cand.parts:
+            hidden[f"{cand.name}/{cand.parts['node'].name}"] = cand.name
+            hidden.update({f"{grad.op.name}/{grad.node}": grad.op.name for grad in cand.parts["grads"]})
+    names.extend(hidden)
     return order.sort_names(graph, {n for n in names if tower_of(n, towers) is not None
-                                    and not n.startswith("graphsync/") and "_sync/" not in n and "_sync_grad_" not in n})
+                                    and not n.startswith("graphsync/") and "_sync/" not in n and "_sync_grad_" not in n},
+                            lambda name: hidden.get(name, name))
+
+
+def training_flags(graph: tf.Graph, towers: list[Tower]) -> list[tf.Tensor]:
+    """The placeholders that switch the towers' batch norms between training and inference (the
+    predicate of a conditional batch norm's If, or of the v1 tf.cond around a fused op): verify
+    must feed them True, or it would compare two inference runs."""
+    flags = {}
+    for cand in conditional.candidates(graph):
+        if cand.parts and tower_of(cand.name, towers) is not None:
+            flag = predicate(cand.op.inputs[0])
+            flags[flag.name] = flag
+    for op in graph.get_operations():
+        if op.type in match.FUSED_TYPES and match.is_training(op) and tower_of(op.name, towers) is not None:
+            pred = tf_private.cond_predicate(op)
+            if pred is not None:
+                flag = predicate(pred)
+                flags[flag.name] = flag
+    return [f for _, f in sorted(flags.items()) if f.op.type in ("Placeholder", "PlaceholderWithDefault")
+            and f.shape.rank == 0]
 
 
 def _moments_ops(graph: tf.Graph, sqdiff: tf.Operation) -> list[str]:

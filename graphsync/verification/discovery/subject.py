@@ -10,7 +10,7 @@ from graphsync.errors import GraphsyncError
 from graphsync.towers import Tower
 from graphsync.verification.discovery import (batch_norm, entries, inputs, loss as losses, names, pairing, sources,
                                               state, synthetic, towers as tower_scopes)
-from graphsync.verification.discovery.inputs import Input
+from graphsync.verification.discovery.inputs import Input, given as given_input
 from graphsync.verification.discovery.state import Variable
 
 
@@ -42,7 +42,16 @@ def discover(graph: tf.Graph, *, towers=None, inputs=None, loss=None, num_classe
     gradients = state.gradients(graph, notes)
     writes = state.writes(graph)
     by_user = [_named(graph, found_towers, name, num_classes) for name in (inputs or [])]
-    by_user += [inputs.given(names.tensor(graph, name), value) for name, value in (feeds or {}).items()]
+    by_user += [given_input(names.tensor(graph, name), value) for name, value in (feeds or {}).items()]
+    fed_by_user = {t for item in by_user for t in item.tensors}
+    flags = []
+    for flag in batch_norm.training_flags(graph, found_towers):
+        if flag.name not in fed_by_user:
+            flags.append(flag.name)
+            by_user.append(given_input(flag, True))
+            by_user[-1].origin = "the towers' training flag: fed True so that their batch norms train"
+            notes.append(f"fed {flag.name} = True, the flag under which the towers' batch norms train "
+                         f"(--feed {flag.name}=VALUE overrides)")
     user_tensors = {t for item in by_user for t in item.tensors}
     fetches = [graph.get_tensor_by_name(n) for n in loss_tensors + gradients] or [w.inputs[1] for w in writes]
     found_inputs = by_user + _found(graph, found_towers, fetches, user_tensors, num_classes, notes)
@@ -50,7 +59,7 @@ def discover(graph: tf.Graph, *, towers=None, inputs=None, loss=None, num_classe
         raise GraphsyncError("found no batch input to feed (no placeholder, input pipeline or random input "
                              "read by the towers): name the tensors that carry each tower's examples with "
                              "--input NAME")
-    fed = {t for i in found_inputs for t in i.tensors}
+    fed = {t for i in found_inputs for t in i.tensors} - set(flags)   # what the examples reach, not the flag
     downstream = state.downstream(graph, fed)
     updates = [w.inputs[1].name for w in writes if w.inputs[1].op in downstream]
     if not (loss_tensors or gradients or updates):

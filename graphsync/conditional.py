@@ -25,6 +25,7 @@ import dataclasses
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
+from graphsync import shapes
 from graphsync.errors import GraphsyncError
 from graphsync.match.conditional import GATE_ATTR
 from graphsync.plan import LayerPlan, Site
@@ -82,7 +83,7 @@ def _signature(cand) -> dict:
     node, x = cand.parts["node"], _x(cand)
     mean = cand.op.outputs[cand.parts["outputs"].get(1, 0)]
     return {"kind": node.op, "dtype": x.dtype.name, "rank": x.shape.rank,
-            "channels": mean.shape[0] if 1 in cand.parts["outputs"] and mean.shape.rank == 1 else None,
+            "channels": shapes.dim(mean.shape, 0) if 1 in cand.parts["outputs"] and mean.shape.rank == 1 else None,
             "epsilon": node.attr["epsilon"].f, "data_format": node.attr["data_format"].s.decode(),
             "exponential_avg_factor": node.attr["exponential_avg_factor"].f
             if "exponential_avg_factor" in node.attr else 1.0,

@@ -23,7 +23,8 @@ from graphsync.match.candidate import Candidate
 from graphsync.match.reductions import MeanOf, batch_axis_reason, mean_of, normalizes, statistics_ops
 
 
-STARTS = ("Mean", "Sum", "RealDiv", "Div", "DivNoNan", "Mul", "Sub")   # the op types candidates() starts from (see match.starting_types)
+# the op types candidates() starts from (see match.starting_types)
+STARTS = ("Mean", "Sum", "RealDiv", "Div", "DivNoNan", "Mul", "Sub")
 
 
 def candidates(graph: tf.Graph) -> list[Candidate]:

@@ -5,3 +5,18 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 sys.path.insert(0, os.path.dirname(__file__))
+
+
+def pytest_collection_finish(session):
+    """Importing a test module (or a script it imports for its reference) must not switch
+    TensorFlow's behaviour for the whole run: every test not under tests/behaviours.py's switch
+    would then build its graphs the TF1 way, and TensorFlow 2's defaults would go untested."""
+    import pytest
+    import tensorflow as tf
+    tf1 = tf.compat.v1
+    switched = [name for name, on in (("resource variables", tf1.resource_variables_enabled()),
+                                      ("control flow v2", tf1.control_flow_v2_enabled()),
+                                      ("TensorShape v2", type(tf.TensorShape([1])[0]) is int)) if not on]
+    if switched:
+        raise pytest.UsageError(f"a test module switched off {', '.join(switched)} at import: "
+                                "switch behaviours inside tests (tests/behaviours.py)")

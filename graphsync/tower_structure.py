@@ -291,8 +291,8 @@ class _Analysis:
         seen, stack, found = set(start), list(start), []
         while stack:
             op = stack.pop()
-            for tensor in op.inputs:
-                source = tensor.op
+            edges = [(tensor, tensor.op) for tensor in op.inputs] + [(None, source) for source in op.control_inputs]
+            for tensor, source in edges:
                 if source in seen:
                     continue
                 if inside(source):
@@ -300,14 +300,6 @@ class _Analysis:
                     stack.append(source)
                 else:
                     found.append((tensor, source, op))
-            for source in op.control_inputs:
-                if source in seen:
-                    continue
-                if inside(source):
-                    seen.add(source)
-                    stack.append(source)
-                else:
-                    found.append((None, source, op))
         return found
 
     def _reaches_bn(self, op) -> bool:

@@ -86,7 +86,10 @@ def _data(batch_sizes):
 @functools.lru_cache(maxsize=None)
 def _reference(flavour, version, batch_sizes):
     """One device, the concatenated batch, flag True; per-tower losses on its slices."""
-    x, t = _data(batch_sizes)
+    return _reference_on(flavour, version, batch_sizes, *_data(batch_sizes))
+
+
+def _reference_on(flavour, version, batch_sizes, x, t):
     ref = _build(MODELS[flavour](), [sum(batch_sizes)], version, scope="", devices=["/cpu:0"],
                  grad_divisor=len(batch_sizes))
     result = _step(ref, x, t, [sum(batch_sizes)], True)
@@ -225,3 +228,31 @@ def test_saved_graph_inspect_rewrite_verify(tmp_path):
     verified = runner.invoke(main, ["verify", synced, "--original", saved])
     assert verified.exit_code == 0, verified.output
     assert "PASS" in verified.output and "fed is_training:0 = True" in verified.output, verified.output
+
+
+@pytest.mark.parametrize("version,strategy", [("v2", "gather"), ("v1", "allreduce")])
+def test_sync_groups_each_equal_their_own_reference(version, strategy):
+    """4 towers in groups of 2, flag True: each group is its own single-device run on its own
+    concatenated batch, not the whole batch's; flag False: the original graph."""
+    sizes = (3, 2, 4, 1)
+    x, t = _data(sizes)
+    edges = np.cumsum((0,) + sizes)
+    refs = [_reference_on("layers", version, sizes[g:g + 2], x[edges[g]:edges[g + 2]], t[edges[g]:edges[g + 2]])
+            for g in (0, 2)]
+    reports = []
+    built = _build(MODELS["layers"](), list(sizes), version, rewrite=lambda g: reports.append(
+        graphsync.rewrite_towers(g, strategy=strategy, group_size=2)))
+    assert reports[0].groups == [["tower_0", "tower_1"], ["tower_2", "tower_3"]], reports[0]
+    assert {l.kind for l in reports[0].layers} == {"conditional"}
+    want = {"output": np.concatenate([r["output"] for r in refs]), "loss": np.concatenate([r["loss"] for r in refs]),
+            "grads": [a + b for a, b in zip(refs[0]["grads"], refs[1]["grads"])], "moving": refs[0]["moving"]}
+    got = _step(built, x, t, sizes, True)
+    errors = _errors(got, want)
+    assert max(errors.values()) < TOLERANCE, errors
+    whole = _reference("layers", version, sizes)
+    assert tl.max_rel_error(got["output"], whole["output"]) > UNSYNCED_MIN_ERROR   # groups really are separate
+    original = _build(MODELS["layers"](), list(sizes), version)
+    unsynced = _errors(_step(original, x, t, sizes, True), want)
+    assert min(unsynced[k] for k in ("output", "loss", "grads", "moving")) > UNSYNCED_MIN_ERROR, unsynced
+    evaluation = _errors(_step(built, x, t, sizes, False), _step(original, x, t, sizes, False))
+    assert max(evaluation.values()) == 0.0, evaluation

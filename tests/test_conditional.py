@@ -256,3 +256,35 @@ def test_sync_groups_each_equal_their_own_reference(version, strategy):
     assert min(unsynced[k] for k in ("output", "loss", "grads", "moving")) > UNSYNCED_MIN_ERROR, unsynced
     evaluation = _errors(_step(built, x, t, sizes, False), _step(original, x, t, sizes, False))
     assert max(evaluation.values()) == 0.0, evaluation
+
+
+@pytest.mark.parametrize("version", ["v2", "v1"])
+def test_sync_batch_norm_hook_on_a_monitored_training_session(version):
+    """SyncBatchNormHook rewrites the graph when MonitoredTrainingSession begins: an evaluation
+    step (is_training fed False) computes what the original computes, a training step (True)
+    equals one device on the concatenated batch."""
+    sizes = (3, 5)
+    x, t = _data(sizes)
+    built = _build(MODELS["layers"](), list(sizes), version)
+    hook = graphsync.SyncBatchNormHook()
+    with built.graph.as_default(), \
+            tf1.train.MonitoredTrainingSession(hooks=[hook], config=tl.CONFIG) as sess:
+        evaluation = sess.run(built.outputs + built.losses, _feed(built, x, t, sizes, False))
+        feed = _feed(built, x, t, sizes, True)
+        outs, losses, grads = sess.run([built.outputs, built.losses, built.grads], feed)
+        sess.run(built.train_op, feed)
+        moving = sess.run(built.moving)
+    assert hook.report.summary.startswith("2 layers × 2 towers synchronized"), hook.report.summary
+    assert {l.kind for l in hook.report.layers} == {"conditional"}
+    got = {"output": np.concatenate([o.astype(np.float64) for o in outs]), "loss": np.array(losses, np.float64),
+           "grads": grads, "moving": moving}
+    reference = _reference("layers", version, sizes)
+    errors = _errors(got, {k: reference[k] for k in got})
+    assert max(errors.values()) < TOLERANCE, errors
+    original = _build(MODELS["layers"](), list(sizes), version)
+    unsynced = _errors(_step(original, x, t, sizes, True), {k: reference[k] for k in got})
+    assert min(unsynced.values()) > UNSYNCED_MIN_ERROR, unsynced
+    with tf1.Session(graph=original.graph, config=tl.CONFIG) as plain:
+        plain.run(tf1.variables_initializer(original.variables + original.moving))
+        want = plain.run(original.outputs + original.losses, _feed(original, x, t, sizes, False))
+    assert tl.max_rel_error(evaluation, want) == 0.0

@@ -8,6 +8,7 @@ Tolerances: float32 models this shallow agree with the reference to ~1e-6 (measu
 False the rewritten graph runs the original ops (measured difference 0).
 """
 import functools
+import sys
 import warnings
 
 import numpy as np
@@ -288,3 +289,24 @@ def test_sync_batch_norm_hook_on_a_monitored_training_session(version):
         plain.run(tf1.variables_initializer(original.variables + original.moving))
         want = plain.run(original.outputs + original.losses, _feed(original, x, t, sizes, False))
     assert tl.max_rel_error(evaluation, want) == 0.0
+
+
+def test_between_graph_workers_behind_a_flag(tmp_path):
+    """2 worker processes of tests/scripts/between_graph_train.py --flag under `graphsync run`: the
+    training step (is_training True) of both together equals one device on the concatenated batch,
+    under plain python it does not; the evaluation pass (False) equals plain python's."""
+    from test_between_graph import errors_against_one_device, run_workers
+    sizes, args = [3, 5], ["--sizes", "3,5", "--flag"]
+    (tmp_path / "synced").mkdir(), (tmp_path / "plain").mkdir()
+    synced = run_workers(tmp_path / "synced", 2, args=args)
+    plain = run_workers(tmp_path / "plain", 2, runner=[sys.executable], args=args)
+    for _, _, err, _, _ in synced:
+        assert "2 layers × 1 tower synchronized by all-reduce on the towers' devices across 2 worker processes " \
+               "(conditional" in err, err
+    errors = errors_against_one_device(synced, sizes)
+    assert max(errors.values()) < TOLERANCE, errors
+    unsynced = errors_against_one_device(plain, sizes)
+    assert min(unsynced[k] for k in ("output", "grads", "moving")) > UNSYNCED_MIN_ERROR, unsynced
+    evaluation = max(tl.max_rel_error(s[4][k], p[4][k]) for s, p in zip(sorted(synced), sorted(plain))
+                     for k in ("eval_output", "eval_loss"))
+    assert evaluation == 0.0, evaluation

@@ -210,6 +210,9 @@ def _drop_unpaired_root(towers, by_layer, explicit):
     return [Tower(i, t.prefix) for i, t in enumerate(towers[1:])]
 
 
+_FUNCTION_CALLS = ("PartitionedCall", "StatefulPartitionedCall")   # tf.function calls: no control flow v1 form
+
+
 def _calls_hiding_batch_norm(graph: tf.Graph) -> list:
     """The If/While/call ops whose function bodies run a training batch norm (a tensor-valued
     `training` flag under control flow v2), where get_operations() cannot see it."""
@@ -223,11 +226,16 @@ def _calls_hiding_batch_norm(graph: tf.Graph) -> list:
 def _reject_hidden(calls, towers):
     """Refuses loudly when such a hidden batch norm would run inside a tower."""
     for op in calls:
-        if tower_of(op.name, towers) is not None:
-            raise GraphsyncError(
-                f"{op.name} ({op.type}) runs a batch norm inside a function body, which graphsync cannot "
-                "rewrite: pass training=True as a Python bool, or call "
-                "tf.compat.v1.disable_control_flow_v2() before building the model")
+        if tower_of(op.name, towers) is None:
+            continue
+        if op.type in _FUNCTION_CALLS:
+            where, remedy = "a tf.function's body", ("call the function's Python code directly (without "
+                                                     "tf.function) when building the towers")
+        else:
+            where, remedy = "a function body", ("pass training=True as a Python bool, or call "
+                                                "tf.compat.v1.disable_control_flow_v2() before building the model")
+        raise GraphsyncError(f"{op.name} ({op.type}) runs a batch norm inside {where}, which graphsync cannot "
+                             f"rewrite: {remedy}")
 
 
 def _layer_plan(name: str, per_tower, scopes) -> LayerPlan:

@@ -8,6 +8,7 @@ Tolerances: float32 models this shallow agree with the reference to ~1e-6 (measu
 False the rewritten graph runs the original ops (measured difference 0).
 """
 import functools
+import sys
 import warnings
 
 import numpy as np
@@ -86,7 +87,10 @@ def _data(batch_sizes):
 @functools.lru_cache(maxsize=None)
 def _reference(flavour, version, batch_sizes):
     """One device, the concatenated batch, flag True; per-tower losses on its slices."""
-    x, t = _data(batch_sizes)
+    return _reference_on(flavour, version, batch_sizes, *_data(batch_sizes))
+
+
+def _reference_on(flavour, version, batch_sizes, x, t):
     ref = _build(MODELS[flavour](), [sum(batch_sizes)], version, scope="", devices=["/cpu:0"],
                  grad_divisor=len(batch_sizes))
     result = _step(ref, x, t, [sum(batch_sizes)], True)
@@ -225,3 +229,114 @@ def test_saved_graph_inspect_rewrite_verify(tmp_path):
     verified = runner.invoke(main, ["verify", synced, "--original", saved])
     assert verified.exit_code == 0, verified.output
     assert "PASS" in verified.output and "fed is_training:0 = True" in verified.output, verified.output
+
+
+@pytest.mark.parametrize("version,strategy", [("v2", "gather"), ("v1", "allreduce")])
+def test_sync_groups_each_equal_their_own_reference(version, strategy):
+    """4 towers in groups of 2, flag True: each group is its own single-device run on its own
+    concatenated batch, not the whole batch's; flag False: the original graph."""
+    sizes = (3, 2, 4, 1)
+    x, t = _data(sizes)
+    edges = np.cumsum((0,) + sizes)
+    refs = [_reference_on("layers", version, sizes[g:g + 2], x[edges[g]:edges[g + 2]], t[edges[g]:edges[g + 2]])
+            for g in (0, 2)]
+    reports = []
+    built = _build(MODELS["layers"](), list(sizes), version, rewrite=lambda g: reports.append(
+        graphsync.rewrite_towers(g, strategy=strategy, group_size=2)))
+    assert reports[0].groups == [["tower_0", "tower_1"], ["tower_2", "tower_3"]], reports[0]
+    assert {l.kind for l in reports[0].layers} == {"conditional"}
+    want = {"output": np.concatenate([r["output"] for r in refs]), "loss": np.concatenate([r["loss"] for r in refs]),
+            "grads": [a + b for a, b in zip(refs[0]["grads"], refs[1]["grads"])], "moving": refs[0]["moving"]}
+    got = _step(built, x, t, sizes, True)
+    errors = _errors(got, want)
+    assert max(errors.values()) < TOLERANCE, errors
+    whole = _reference("layers", version, sizes)
+    assert tl.max_rel_error(got["output"], whole["output"]) > UNSYNCED_MIN_ERROR   # groups really are separate
+    original = _build(MODELS["layers"](), list(sizes), version)
+    unsynced = _errors(_step(original, x, t, sizes, True), want)
+    assert min(unsynced[k] for k in ("output", "loss", "grads", "moving")) > UNSYNCED_MIN_ERROR, unsynced
+    evaluation = _errors(_step(built, x, t, sizes, False), _step(original, x, t, sizes, False))
+    assert max(evaluation.values()) == 0.0, evaluation
+
+
+@pytest.mark.parametrize("version", ["v2", "v1"])
+def test_sync_batch_norm_hook_on_a_monitored_training_session(version):
+    """SyncBatchNormHook rewrites the graph when MonitoredTrainingSession begins: an evaluation
+    step (is_training fed False) computes what the original computes, a training step (True)
+    equals one device on the concatenated batch."""
+    sizes = (3, 5)
+    x, t = _data(sizes)
+    built = _build(MODELS["layers"](), list(sizes), version)
+    hook = graphsync.SyncBatchNormHook()
+    with built.graph.as_default(), \
+            tf1.train.MonitoredTrainingSession(hooks=[hook], config=tl.CONFIG) as sess:
+        evaluation = sess.run(built.outputs + built.losses, _feed(built, x, t, sizes, False))
+        feed = _feed(built, x, t, sizes, True)
+        outs, losses, grads = sess.run([built.outputs, built.losses, built.grads], feed)
+        sess.run(built.train_op, feed)
+        moving = sess.run(built.moving)
+    assert hook.report.summary.startswith("2 layers × 2 towers synchronized"), hook.report.summary
+    assert {l.kind for l in hook.report.layers} == {"conditional"}
+    got = {"output": np.concatenate([o.astype(np.float64) for o in outs]), "loss": np.array(losses, np.float64),
+           "grads": grads, "moving": moving}
+    reference = _reference("layers", version, sizes)
+    errors = _errors(got, {k: reference[k] for k in got})
+    assert max(errors.values()) < TOLERANCE, errors
+    original = _build(MODELS["layers"](), list(sizes), version)
+    unsynced = _errors(_step(original, x, t, sizes, True), {k: reference[k] for k in got})
+    assert min(unsynced.values()) > UNSYNCED_MIN_ERROR, unsynced
+    with tf1.Session(graph=original.graph, config=tl.CONFIG) as plain:
+        plain.run(tf1.variables_initializer(original.variables + original.moving))
+        want = plain.run(original.outputs + original.losses, _feed(original, x, t, sizes, False))
+    assert tl.max_rel_error(evaluation, want) == 0.0
+
+
+def test_between_graph_workers_behind_a_flag(tmp_path):
+    """2 worker processes of tests/scripts/between_graph_train.py --flag under `graphsync run`: the
+    training step (is_training True) of both together equals one device on the concatenated batch,
+    under plain python it does not; the evaluation pass (False) equals plain python's."""
+    from test_between_graph import errors_against_one_device, run_workers
+    sizes, args = [3, 5], ["--sizes", "3,5", "--flag"]
+    (tmp_path / "synced").mkdir(), (tmp_path / "plain").mkdir()
+    synced = run_workers(tmp_path / "synced", 2, args=args)
+    plain = run_workers(tmp_path / "plain", 2, runner=[sys.executable], args=args)
+    for _, _, err, _, _ in synced:
+        assert "2 layers × 1 tower synchronized by all-reduce on the towers' devices across 2 worker processes " \
+               "(conditional" in err, err
+    errors = errors_against_one_device(synced, sizes)
+    assert max(errors.values()) < TOLERANCE, errors
+    unsynced = errors_against_one_device(plain, sizes)
+    assert min(unsynced[k] for k in ("output", "grads", "moving")) > UNSYNCED_MIN_ERROR, unsynced
+    evaluation = max(tl.max_rel_error(s[4][k], p[4][k]) for s, p in zip(sorted(synced), sorted(plain))
+                     for k in ("eval_output", "eval_loss"))
+    assert evaluation == 0.0, evaluation
+
+
+@pytest.mark.parametrize("gradients", ["before", "after"])
+def test_a_conditional_batch_norm_inside_a_tf_function_is_refused_in_one_line(gradients):
+    """A tf.function-wrapped block called in graph mode hides its tf.cond and batch norm in a
+    PartitionedCall's body: refused with one line that names the call and a remedy that works
+    (control flow v1 does not un-hide a tf.function), the graph left as it was."""
+    import tf_keras
+    layers = {}
+
+    def model(x):
+        if not layers:
+            layers["bn"] = tf_keras.layers.BatchNormalization()
+            layers["bn"].build(x.shape)
+
+        @tf.function
+        def block(h, training):
+            return layers["bn"](h, training=training)
+        return tf.reduce_mean(block(x, cm.is_training(x.graph)), [1, 2]), []
+
+    graphs = []
+    with pytest.raises(graphsync.GraphsyncError) as refused:
+        tl.build(model, [2, 3], input_shape=INPUT, gradients=gradients,
+                 rewrite=lambda g: graphs.append((g, g.as_graph_def())) or graphsync.rewrite_towers(g))
+    message = str(refused.value)
+    assert "\n" not in message and message.startswith("tower_0/StatefulPartitionedCall (StatefulPartitionedCall) "
+                                                      "runs a batch norm inside a tf.function's body"), message
+    assert "without tf.function" in message and "disable_control_flow_v2" not in message, message
+    (graph, before), = graphs
+    assert graph.as_graph_def() == before

@@ -5,9 +5,13 @@ it computed saved to OUT (.npz). tests/test_between_graph.py runs it under `grap
 under plain python.
 
     TF_CONFIG='{"cluster": {"worker": [...]}, "task": {"type": "worker", "index": 1}}' \\
-        python between_graph_train.py OUT [--sizes 3,5] [--towers 1] [--channels 4] [--v1]
+        python between_graph_train.py OUT [--sizes 3,5] [--towers 1] [--channels 4] [--v1] [--flag]
 
 --v1: tf.compat.v1.disable_v2_behavior() first, as tf_cnn_benchmarks and many TF1 scripts do.
+
+--flag: the batch norms read an `is_training` placeholder (fused, so each is a tf.cond), fed False
+in an evaluation pass before the training step (its outputs and losses saved as `eval_output`,
+`eval_loss`) and True in the step itself.
 
 --sizes: examples per worker (per tower with --towers K: K numbers per worker, worker after worker).
 The model: conv → batch norm → relu → conv → batch norm → relu → mean → dense, squared-error loss
@@ -41,24 +45,25 @@ def data(total):
     return x, rng.randn(total, OUTPUTS).astype(np.float32)
 
 
-def model(x, channels):
+def model(x, channels, training=True):
     init = tf1.glorot_uniform_initializer
     h = tf1.layers.conv2d(x, channels, 3, padding="same", use_bias=False, kernel_initializer=init(seed=1), name="conv1")
-    h = tf.nn.relu(tf1.layers.batch_normalization(h, training=True, name="bn1"))
+    h = tf.nn.relu(tf1.layers.batch_normalization(h, training=training, name="bn1"))
     h = tf1.layers.conv2d(h, channels, 3, padding="same", use_bias=False, kernel_initializer=init(seed=2), name="conv2")
-    h = tf.nn.relu(tf1.layers.batch_normalization(h, training=True, name="bn2"))
+    h = tf.nn.relu(tf1.layers.batch_normalization(h, training=training, name="bn2"))
     return tf1.layers.dense(tf.reduce_mean(h, [1, 2]), OUTPUTS, kernel_initializer=init(seed=3), name="head")
 
 
-def build(sizes, channels, devices, scopes):
+def build(sizes, channels, devices, scopes, training=True):
     """Towers of `sizes` examples (one per device and scope), shared variables, summed gradients."""
     x, t = tf1.placeholder(tf.float32, [None, *IMAGE]), tf1.placeholder(tf.float32, [None, OUTPUTS])
+    training = tf1.placeholder_with_default(True, [], name="is_training") if training == "flag" else training
     xs, ts = tf.split(x, sizes), tf.split(t, sizes)
     outputs, losses, tower_grads = [], [], []
     opt = tf1.train.GradientDescentOptimizer(0.1)
     for i, (device, scope) in enumerate(zip(devices, scopes)):
         with tf.device(device), tf1.name_scope(scope or None), tf1.variable_scope("model", reuse=i > 0):
-            y = model(xs[i], channels)
+            y = model(xs[i], channels, training)
             loss = 0.5 * tf.reduce_sum(tf.square(y - ts[i]))
             outputs.append(y), losses.append(loss)
             tower_grads.append(opt.compute_gradients(loss))
@@ -66,22 +71,28 @@ def build(sizes, channels, devices, scopes):
     with tf.control_dependencies(tf1.get_collection(tf1.GraphKeys.UPDATE_OPS, scopes[0] or None)):
         train_op = opt.apply_gradients(grads)
     moving = sorted((v for v in tf1.global_variables() if "moving" in v.name), key=lambda v: v.name)
-    return x, t, outputs, losses, [g for g, _ in grads], train_op, moving
+    return x, t, outputs, losses, [g for g, _ in grads], train_op, moving, training
 
 
-def step(target, config, sizes, channels, devices, scopes, x_data, t_data):
+def step(target, config, sizes, channels, devices, scopes, x_data, t_data, flag=False):
     graph = tf.Graph()
+    evaluation = {}
     with graph.as_default():
-        x, t, outputs, losses, grads, train_op, moving = build(sizes, channels, devices, scopes)
+        x, t, outputs, losses, grads, train_op, moving, training = build(
+            sizes, channels, devices, scopes, "flag" if flag else True)
         with tf1.Session(target, config=config) as sess:
             sess.run(tf1.global_variables_initializer())
             feed = {x: x_data, t: t_data}
+            if flag:
+                eval_outputs, eval_losses = sess.run([outputs, losses], {**feed, training: False})
+                evaluation = {"eval_output": np.concatenate(eval_outputs), "eval_loss": np.array(eval_losses)}
+                feed[training] = True
             got_outputs, got_losses, got_grads = sess.run([outputs, losses, grads], feed)
             sess.run(train_op, feed)
             got_moving = sess.run(moving)
     return {"output": np.concatenate(got_outputs), "loss": np.array(got_losses),
             "grads": np.concatenate([g.ravel() for g in got_grads]),
-            "moving": np.concatenate([m.ravel() for m in got_moving])}
+            "moving": np.concatenate([m.ravel() for m in got_moving]), **evaluation}
 
 
 def reference(sizes, channels=4):
@@ -101,6 +112,7 @@ def main():
     parser.add_argument("--towers", type=int, default=1, help="towers per worker")
     parser.add_argument("--channels", type=int, default=4)
     parser.add_argument("--v1", action="store_true", help="build the graph with TensorFlow 1 behaviour")
+    parser.add_argument("--flag", action="store_true", help="batch norms behind an is_training placeholder")
     args = parser.parse_args()
     if args.v1:
         tf1.disable_v2_behavior()
@@ -118,7 +130,7 @@ def main():
     devices = [f"{here}/cpu:{k}" for k in range(args.towers)]
     scopes = [""] if args.towers == 1 else [f"tower_{k}" for k in range(args.towers)]
     got = step(server.target, None, mine, args.channels, devices, scopes,
-               x[start:start + sum(mine)], t[start:start + sum(mine)])
+               x[start:start + sum(mine)], t[start:start + sum(mine)], args.flag)
     np.savez(args.out, **got)
     print(f"{job}:{index} trained on {sum(mine)} examples", flush=True)
 

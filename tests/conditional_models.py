@@ -83,26 +83,7 @@ def slim():
 
 def keras_layers(depth=2):
     """One tf_keras layer object per layer shared by all towers, called without training=."""
-    import tf_keras
-    per_graph = {}
-
-    def model(x):
-        layers = per_graph.setdefault(x.graph, {})
-        if not layers:
-            init = tf_keras.initializers.GlorotUniform(seed=1)
-            layers["stem"] = tf_keras.layers.Conv2D(4, 3, padding="same", use_bias=False, kernel_initializer=init)
-            for i in range(depth):
-                layers[f"bn{i}"] = tf_keras.layers.BatchNormalization(
-                    gamma_initializer=tf_keras.initializers.RandomUniform(0.5, 1.5, seed=i))
-                layers[f"conv{i}"] = tf_keras.layers.Conv2D(4, 3, padding="same", use_bias=False,
-                                                             kernel_initializer=init)
-            layers["head"] = tf_keras.layers.Dense(5, kernel_initializer=init)
-        seen = {name: len(layer.updates) for name, layer in layers.items()}
-        h = layers["stem"](x)
-        for i in range(depth):
-            h = layers[f"conv{i}"](tf.nn.relu(layers[f"bn{i}"](h)))
-        updates = [u for name, layer in layers.items() for u in layer.updates[seen[name]:]]
-        return layers["head"](tf.reduce_mean(h, [1, 2])), updates
+    model = models.keras_bn(depth, training=None)
     model.flag = learning_phase
     return model
 

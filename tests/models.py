@@ -79,8 +79,9 @@ def layers_bn(depth=2, fused=True):
     return model
 
 
-def keras_bn(depth=2):
-    """tf_keras layers, one object per layer shared by all towers; updates from `layer.updates`."""
+def keras_bn(depth=2, training=True):
+    """tf_keras layers, one object per layer shared by all towers; updates from `layer.updates`.
+    training=None calls the batch norms without training= (they read the learning phase)."""
     import tf_keras
     per_graph = {}
 
@@ -98,7 +99,8 @@ def keras_bn(depth=2):
         seen = {name: len(layer.updates) for name, layer in layers.items()}
         h = layers["stem"](x)
         for i in range(depth):
-            h = layers[f"conv{i}"](tf.nn.relu(layers[f"bn{i}"](h, training=True)))
+            bn = layers[f"bn{i}"]
+            h = layers[f"conv{i}"](tf.nn.relu(bn(h) if training is None else bn(h, training=training)))
         updates = [u for name, layer in layers.items() for u in layer.updates[seen[name]:]]
         return layers["head"](tf.reduce_mean(h, [1, 2])), updates
 

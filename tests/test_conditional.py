@@ -184,10 +184,9 @@ def test_keras_application_behind_the_learning_phase():
     rewrite and passes after (MobileNetV2 at initialization amplifies float rounding: the check is
     the verdict and the gap to the original, as in test_verify.py)."""
     import tf_keras
-    tf_keras.utils.set_random_seed(0)
     graph = tf.Graph()
-    with graph.as_default():
-        tf1.set_random_seed(0)
+    with graph.as_default():   # set_random_seed also seeds the default graph: not the process's own
+        tf_keras.utils.set_random_seed(0)
         model = tf_keras.applications.MobileNetV2(input_shape=(32, 32, 3), alpha=0.35, weights=None, classes=5)
         optimizer = tf1.train.GradientDescentOptimizer(0.1)
         tower_grads = []

@@ -45,7 +45,7 @@ def main():
     directory = os.path.join(args.checkpoints, f"{job}{index}")
     os.makedirs(directory, exist_ok=True)
     with tf.Graph().as_default():
-        x, t, _, _, _, train_op, _ = base.build([sizes[index]], 4, [f"/job:{job}/task:{index}/cpu:0"], [""])
+        x, t, _, _, _, train_op, _, _ = base.build([sizes[index]], 4, [f"/job:{job}/task:{index}/cpu:0"], [""])
         saver = tf1.train.Saver(max_to_keep=2)
         with tf1.Session(server.target) as sess:
             last = tf1.train.latest_checkpoint(directory)

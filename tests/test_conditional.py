@@ -36,14 +36,7 @@ def _feed(built, x, t, batch_sizes, flag):
 
 def _step(built, x, t, batch_sizes, flag):
     """tl.run_step with the training flag fed."""
-    feed = _feed(built, x, t, batch_sizes, flag)
-    with tf1.Session(graph=built.graph, config=tl.CONFIG) as sess:
-        sess.run(tf1.global_variables_initializer())
-        outs, losses, grads = sess.run([built.outputs, built.losses, built.grads], feed)
-        sess.run(built.train_op, feed)
-        moving, variables = sess.run([built.moving, built.variables])
-    return {"output": np.concatenate([o.astype(np.float64) for o in outs]),
-            "loss": np.array(losses, np.float64), "grads": grads, "moving": moving, "variables": variables}
+    return tl.run_step(built, x, t, batch_sizes, extra_feed={built.flag: flag})
 
 
 def exchange_traffic(built, x, t, batch_sizes, flag):

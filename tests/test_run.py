@@ -100,13 +100,7 @@ def _loops(path) -> dict:
 @pytest.fixture(scope="module")
 def one_device():
     """train.py's model on one device with the concatenated batch (3 + 5 = 8 examples)."""
-    with tf.Graph().as_default():
-        train_op, feed = tower_model.build([8])
-        variables = tower_model.model_variables()
-        with tf1.Session(config=tower_model.CONFIG) as sess:
-            sess.run(tf1.global_variables_initializer())
-            sess.run(train_op, feed)
-            return sess.run(variables)
+    return tower_model.one_device_variables(8)
 
 
 def test_unchanged_session_script_under_graphsync_run_trains_like_one_device(runs, one_device):

@@ -56,13 +56,7 @@ def runs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def one_device():
-    with tf.Graph().as_default():
-        train_op, feed = tower_model.build([8])
-        variables = tower_model.model_variables()
-        with tf1.Session(config=tower_model.CONFIG) as sess:
-            sess.run(tf1.global_variables_initializer())
-            sess.run(train_op, feed)
-            return sess.run(variables)
+    return tower_model.one_device_variables(8)
 
 
 def test_sessions_opened_before_the_model_train_like_one_device(runs, one_device):

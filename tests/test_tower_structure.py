@@ -291,13 +291,7 @@ def test_graphsync_run_synchronizes_gpu_towers_and_stays_silent_without(tmp_path
 
     sys.path.insert(0, os.path.join(ROOT, "tests", "scripts"))
     import tower_model
-    with tf.Graph().as_default():
-        train_op, feed = tower_model.build([8])
-        variables = tower_model.model_variables()
-        with tf1.Session(config=tower_model.CONFIG) as sess:
-            sess.run(tf1.global_variables_initializer())
-            sess.run(train_op, feed)
-            one_device = sess.run(variables)
+    one_device = tower_model.one_device_variables(8)
     load = lambda name: dict(np.load(tmp_path / f"{name}.npz"))  # noqa: E731
     synced, unsynced = tl.max_rel_error(load("gpu"), one_device), tl.max_rel_error(load("plain"), one_device)
     FIGURES["graphsync run, gpu_%d script"] = f"variables after one step {synced:.1e} (python: {unsynced:.3f})"

@@ -96,10 +96,11 @@ def data(batch_sizes, input_shape, out_shape, seed=0, offset=0.0, dtype=np.float
     return x, t
 
 
-def run_step(built: Built, x, t, batch_sizes, target="", config=None):
-    """One training step: outputs, losses, summed grads, then moving statistics after the update."""
+def run_step(built: Built, x, t, batch_sizes, target="", config=None, extra_feed=None):
+    """One training step: outputs, losses, summed grads, then moving statistics after the update
+    (`extra_feed`: more placeholders to feed, e.g. a training flag)."""
     splits = np.cumsum(batch_sizes)[:-1]
-    feed = {}
+    feed = dict(extra_feed or {})
     for ph, part in zip(built.inputs, np.split(x, splits)):
         feed[ph] = part
     for ph, part in zip(built.targets, np.split(t, splits)):

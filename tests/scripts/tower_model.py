@@ -70,3 +70,15 @@ def build(sizes, learning_rate=0.5, after_tower=None):
 def model_variables():
     """Every variable but the global step, by name."""
     return {v.op.name: v for v in tf1.global_variables() if "global_step" not in v.op.name}
+
+
+def one_device_variables(total=8):
+    """Every model variable after one step on one device with the concatenated batch: the
+    reference the scripts built on this model are compared with."""
+    with tf.Graph().as_default():
+        train_op, feed = build([total])
+        variables = model_variables()
+        with tf1.Session(config=CONFIG) as sess:
+            sess.run(tf1.global_variables_initializer())
+            sess.run(train_op, feed)
+            return sess.run(variables)

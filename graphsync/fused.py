@@ -23,10 +23,11 @@ import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
 from graphsync import stats
-from graphsync.tf_private import create_op
+from graphsync.tf_private import create_op, is_ref
 
 LOCAL_MOMENTS_GRADIENT = "GraphsyncFusedLocalMoments"   # also how graphsync/match/fused.py recognizes graphsync's ops
 NORMALIZE_GRADIENT = "GraphsyncFusedNormalize"
+FORWARD_READ_GRADIENT = "GraphsyncForwardRead"
 
 
 def _attrs(x, epsilon, data_format, is_training, gradient=None, forward=True):
@@ -100,6 +101,36 @@ def input_grad(dx_local, x, mean, variance, epsilon, data_format, coefficients):
                            _attrs(x, epsilon, data_format, False, NORMALIZE_GRADIENT), "correction").outputs[0]
     return create_op(x.graph, "AddV2", [dx_local, correction],
                      {"T": attr_value_pb2.AttrValue(type=x.dtype.as_datatype_enum)}, "dx").outputs[0]
+
+
+_FORWARDING = ("Identity", "RefIdentity", "Switch", "RefSwitch", "Enter", "RefEnter")
+
+
+def forward_read(graph, scale: tf.Tensor) -> tf.Tensor:
+    """γ as the forward pass read it, for every op of the layer that needs it, forward and backward.
+
+    A TF1 variable (`VariableV2`, ref dtype) is read through an `Identity` that aliases its buffer,
+    and the optimizer updates that buffer in place. TensorFlow's own fused gradient reads γ in the
+    op that also yields ∂L/∂γ, so the update waits for it; graphsync's backward reads γ again after
+    the cross-tower sums, which nothing orders before the update (between processes a step's
+    ∂L/∂γ often arrives first, and ∂L/∂x then used the new γ). So a γ that aliases a variable is
+    copied once per tower by a `Snapshot` that the forward normalization reads, hence before any
+    gradient exists. A resource variable's read is already a snapshot (its updates copy on write):
+    nothing is added."""
+    t = scale
+    while not is_ref(t) and t.op.type in _FORWARDING:
+        t = t.op.inputs[0]
+    if not is_ref(t):
+        return scale
+    return create_op(graph, "Snapshot", [scale], {"T": attr_value_pb2.AttrValue(type=scale.dtype.as_datatype_enum),
+                                                  "_gradient_op_type": attr_value_pb2.AttrValue(
+                                                      s=FORWARD_READ_GRADIENT.encode())}, "scale").outputs[0]
+
+
+@tf.RegisterGradient(FORWARD_READ_GRADIENT)
+def _forward_read_gradient(_op, grad):
+    """A copy passes its gradient on unchanged (TensorFlow registers none for Snapshot)."""
+    return grad
 
 
 def shared_variable(tensors) -> bool:

@@ -39,10 +39,13 @@ def splice_layer(graph: tf.Graph, layer: LayerPlan, exchange) -> SpliceCount:
             with pristine_scope(graph, site.device, op.name + "_sync"), graph.control_dependencies(op.control_inputs):
                 uploads.append(fused.local_moments(graph, op, exchange.ops))
         statistics = exchange.moments(graph, layer, layer.sites, uploads, spread="bessel")
+        scales = []
         for site, s in zip(layer.sites, statistics):
-            _fused_forward(graph, layer, site, s, count)
+            with pristine_scope(graph, site.device, site.op.name + "_sync"):
+                scales.append(fused.forward_read(graph, site.op.inputs[1]))
+            _fused_forward(graph, layer, site, s, scales[-1], count)
         for k in range(len(layer.sites[0].grad_ops)):
-            _fused_backward(graph, layer, exchange, statistics, k, count)
+            _fused_backward(graph, layer, exchange, statistics, scales, k, count)
     else:
         uploads = []
         for site in layer.sites:
@@ -63,12 +66,13 @@ def _data_format(op: tf.Operation) -> str:
     return op.get_attr("data_format").decode()
 
 
-def _fused_forward(graph, layer: LayerPlan, site: Site, s: Synchronized, count: SpliceCount):
+def _fused_forward(graph, layer: LayerPlan, site: Site, s: Synchronized, scale, count: SpliceCount):
     """y, batch mean and Bessel-corrected batch variance (or, with exponential_avg_factor f ≠ 1,
-    the new moving averages) exactly as the op would compute them on the concatenated batch."""
+    the new moving averages) exactly as the op would compute them on the concatenated batch.
+    `scale` is γ as fused.forward_read gives it."""
     op = site.op
     with pristine_scope(graph, site.device, op.name + "_sync"):
-        y = fused.normalize(graph, op.inputs[0], op.inputs[1], op.inputs[2], s.mean, s.variance,
+        y = fused.normalize(graph, op.inputs[0], scale, op.inputs[2], s.mean, s.variance,
                             layer.epsilon, _data_format(op),
                             fused.NORMALIZE_GRADIENT if layer.has_gradients else SYNCHRONIZED_NORMALIZE_GRADIENT)
         batch_mean, batch_variance = s.mean, s.bessel
@@ -82,17 +86,17 @@ def _fused_forward(graph, layer: LayerPlan, site: Site, s: Synchronized, count: 
     count.control_edges += reroute_control_outputs(op, [y.op])
 
 
-def _fused_backward(graph, layer: LayerPlan, exchange, statistics, k: int, count: SpliceCount):
-    """Replaces the k-th FusedBatchNormGrad of every tower by the synchronized backward."""
+def _fused_backward(graph, layer: LayerPlan, exchange, statistics, scales, k: int, count: SpliceCount):
+    """Replaces the k-th FusedBatchNormGrad of every tower by the synchronized backward; γ is read
+    from `scales` (the forward's reads, see fused.forward_read), never again from its variable."""
     local = []
-    for site, s in zip(layer.sites, statistics):
+    for site, s, scale in zip(layer.sites, statistics, scales):
         grad_op = site.grad_ops[k]
         with pristine_scope(graph, grad_op.device or site.device, f"{site.op.name}_sync_grad_{k}"), \
                 graph.control_dependencies(grad_op.control_inputs):
-            local.append(fused.grad_sums(grad_op.inputs[0], grad_op.inputs[1], grad_op.inputs[2], s.mean,
+            local.append(fused.grad_sums(grad_op.inputs[0], grad_op.inputs[1], scale, s.mean,
                                          s.variance, layer.epsilon, _data_format(site.op)))
-    scales = [site.grad_ops[k].inputs[2] for site in layer.sites]
-    shared = fused.shared_variable(scales)
+    shared = fused.shared_variable([site.grad_ops[k].inputs[2] for site in layer.sites])
 
     def finish(totals, i, ops):
         """Where the sums arrive (once per group when gathered) when γ is shared, with tower i's
@@ -102,11 +106,12 @@ def _fused_backward(graph, layer: LayerPlan, exchange, statistics, k: int, count
             if shared else totals
 
     sums = exchange.sums(graph, layer, layer.sites, [[a, b] for _, b, a in local], f"backward_{k}", finish=finish)
-    for site, s, (dx_local, grad_scale, grad_offset), totals in zip(layer.sites, statistics, local, sums):
+    for site, s, scale, (dx_local, grad_scale, grad_offset), totals in zip(layer.sites, statistics, scales, local,
+                                                                             sums):
         grad_op = site.grad_ops[k]
         with pristine_scope(graph, grad_op.device or site.device, f"{site.op.name}_sync_grad_{k}"):
             coefficients = totals if shared else fused.correction_coefficients(
-                exchange.ops, grad_op.inputs[2], s.variance, layer.epsilon, *totals, s.total)
+                exchange.ops, scale, s.variance, layer.epsilon, *totals, s.total)
             dx = fused.input_grad(dx_local, grad_op.inputs[1], s.mean, s.variance, layer.epsilon,
                                   _data_format(site.op), coefficients)
         count.edges += reroute_consumers(grad_op.outputs[0], dx)

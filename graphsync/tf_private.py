@@ -18,6 +18,11 @@ def update_input(op: tf.Operation, index: int, tensor: tf.Tensor) -> None:
     op._update_input(index, tensor)  # pylint: disable=protected-access
 
 
+def is_ref(tensor: tf.Tensor) -> bool:
+    """Whether `tensor` is a TF1 reference (a `VariableV2`'s output: readers alias its buffer)."""
+    return tensor.dtype._is_ref_dtype  # pylint: disable=protected-access
+
+
 def control_outputs(op: tf.Operation) -> list:
     """The ops that carry a control edge from `op`."""
     return list(op._control_outputs)  # pylint: disable=protected-access

@@ -29,6 +29,7 @@ import tensorflow as tf
 
 from graphsync import match, shapes, tower_names
 from graphsync.errors import GraphsyncError
+from graphsync.tf_private import is_ref
 from graphsync.towers import Tower
 
 SLICING_TYPES = ("StridedSlice", "Slice", "Split", "SplitV", "Unpack", "GatherV2", "Gather", "ResourceGather")
@@ -321,7 +322,7 @@ class _Analysis:
     def _is_example(self, tensor) -> bool:
         """Data with a batch dimension: not a handle, not a scalar, not computed from variables
         and constants only."""
-        if tensor.dtype in _HANDLE_DTYPES or tensor.dtype._is_ref_dtype or tensor.shape.rank == 0:  # noqa: SLF001
+        if tensor.dtype in _HANDLE_DTYPES or is_ref(tensor) or tensor.shape.rank == 0:
             return False
         return not self._is_parameter(tensor.op)
 

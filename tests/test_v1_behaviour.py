@@ -96,6 +96,43 @@ def test_ref_variables_and_dimensions_are_what_the_graphs_hold(v1):
     assert type(built.inputs[0].shape[0]).__name__ == "Dimension"
 
 
+def _ancestors(tensors) -> set:
+    seen, stack = set(), [t.op for t in tensors]
+    while stack:
+        op = stack.pop()
+        if op not in seen:
+            seen.add(op)
+            stack += [t.op for t in op.inputs] + list(op.control_inputs)
+    return seen
+
+
+def _reads_a_variable_in_place(tensor) -> bool:
+    """A ref variable is read through Identity/Switch ops that alias its buffer, which the
+    optimizer then updates in place."""
+    while not tensor.dtype._is_ref_dtype and tensor.op.type in ("Identity", "Switch", "Enter"):
+        tensor = tensor.op.inputs[0]
+    return tensor.dtype._is_ref_dtype
+
+
+@pytest.mark.parametrize("strategy", ["gather", "allreduce"])
+@pytest.mark.parametrize("gradients", ["after", "before"])
+def test_what_the_rewrite_adds_reads_variables_only_before_the_forward_pass_ends(v1, strategy, gradients):
+    """Complement to the numeric families, for the race no single run shows: with ref variables
+    an update runs as soon as its gradient exists. TensorFlow's own fused gradient reads γ in
+    the op that yields ∂L/∂γ; graphsync's backward needs γ again after the cross-tower sums, so
+    it must read the forward's copy: every new op that reads a variable's buffer runs before
+    the towers' outputs exist (between processes, ∂L/∂x once used the updated γ, 2 runs in 5)."""
+    before = []
+    built = tl.build(models.resnetish(depth=2), [3, 5], gradients=gradients,
+                     rewrite=lambda g: (before.extend(g.get_operations()),
+                                        graphsync.rewrite_towers(g, strategy=strategy)))
+    added = {op for op in set(built.graph.get_operations()) - set(before)
+             if "_sync" in op.name or op.name.startswith("graphsync/")}   # not the optimizer's, nor TF's gradients
+    readers = {op for op in added if any(_reads_a_variable_in_place(t) for t in op.inputs)}
+    assert readers and any(op.type == "Snapshot" for op in readers)
+    assert readers <= _ancestors(built.outputs), sorted(op.name for op in readers - _ancestors(built.outputs))
+
+
 def test_between_graph_script_under_v1_with_graphsync_run(tmp_path):
     """tests/scripts/between_graph_train.py --v1: the script itself calls disable_v2_behavior()."""
     sizes = [3, 5]

@@ -102,7 +102,9 @@ def build_collective(workers, index):
             y, stats = model(x)
             loss = 0.5 * tf.reduce_sum(tf.square(y - t))
         trained = tf1.trainable_variables()
-        grads = tf.gradients(loss, trained)
+        # gated: ungated, the head's ∂L/∂x read its ref-variable kernel while its update wrote it (README, "What it
+        # refuses"); workers in lockstep, as synchronized batch norm makes them, lost that race 2 runs in 5
+        grads = tf.gradients(loss, trained, gate_gradients=True)
         summed = [tf.raw_ops.CollectiveReduceV2(input=g, group_size=workers, group_key=1, instance_key=10 + k,
                                                 ordering_token=[], merge_op="Add", final_op="Id")
                   for k, g in enumerate(grads)]

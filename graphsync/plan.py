@@ -88,6 +88,15 @@ class Plan:
     process_group: object = None
     found_by: str = ""     # how the towers were found: "known name", "structure: gpu_%d", "towers= option"
 
+    @property
+    def kept_per_tower(self) -> list[tuple[str, str]]:
+        """The skipped batch statistics that train inside one of several towers (or one worker's)
+        and stay per tower (match.PerTower reasons): the step is not one device's there."""
+        if len(self.towers) < 2 and self.process_group is None:
+            return []
+        return [(op, why) for op, why in self.skipped
+                if isinstance(why, match.PerTower) and tower_of(op, self.towers) is not None]
+
 
 def make_plan(graph: tf.Graph, towers=None, device: str | None = None, *, strategy: str = "gather",
               group_size: int | None = None, process_group=None) -> Plan:

@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import warnings
 import weakref
 
 import tensorflow as tf
 
 from graphsync import splice, tf_private
-from graphsync.errors import GraphsyncError
+from graphsync.errors import GraphsyncError, GraphsyncWarning
 from graphsync.exchange import ProcessGroup, make_exchange
 from graphsync.plan import Plan, digest, fingerprints, make_plan
 from graphsync.report import LayerReport, RewriteReport, SkippedReport
@@ -65,6 +66,7 @@ def _rewrite(graph, towers, device, strategy, group_size, process_group) -> Rewr
         report.layers.append(LayerReport(layer.name, layer.shown_kind, tuple(s.op.name for s in layer.sites),
                                          "rewritten" if layer.has_gradients else "autodiff"))
     _check(plan)
+    _say_kept_per_tower(plan.kept_per_tower)
     if report.changed:
         _rewritten_graphs.add(graph)
     return report
@@ -86,6 +88,18 @@ def _collector_paused():
     finally:
         if enabled:
             gc.enable()
+
+
+def _say_kept_per_tower(kept: list) -> None:
+    """A GraphsyncWarning (one line under `graphsync run` and the CLI) when batch statistics that
+    train in the towers stay per tower: the user asked for synchronized statistics and must not
+    get a step that is not one device's without being told."""
+    if kept:
+        (op, why), more = kept[0], len(kept) - 1
+        others = f" (and {more} more: report.skipped, graphsync inspect)" if more else ""
+        warnings.warn(f"{len(kept)} batch statistic{'s' if len(kept) > 1 else ''} in the towers "
+                      f"stay{'' if len(kept) > 1 else 's'} per tower, unsynchronized: {op}: {why}{others}",
+                      GraphsyncWarning, stacklevel=4)
 
 
 def was_rewritten(graph: tf.Graph) -> bool:

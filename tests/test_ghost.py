@@ -1,7 +1,9 @@
 """Ghost batch norm (virtual_batch_size=k) normalizes sub-batches of k examples on purpose: the
 rewrite leaves it alone — the graph and one training step exactly what the original computes, even
 and uneven towers — and says why, in the report and in `graphsync inspect`."""
-import numpy as np
+import io
+import warnings
+
 import pytest
 import tensorflow as tf
 from click.testing import CliRunner
@@ -48,7 +50,9 @@ def test_left_alone_and_named(model_key, batch_sizes):
     original = tl.run_step(tl.build(MODELS[model_key], batch_sizes), x, t, batch_sizes)
     built = tl.build(MODELS[model_key], batch_sizes)
     before = built.graph.as_graph_def()
-    report = graphsync.rewrite_towers(built.graph)
+    with pytest.warns(graphsync.GraphsyncWarning, match=r"batch statistics in the towers stay per tower, "
+                                                        r"unsynchronized: tower_0/.*: ghost batch norm"):
+        report = graphsync.rewrite_towers(built.graph)
     assert not report.changed and report.summary.startswith("nothing changed")
     ghosts = [s for s in report.skipped if s.reason == REASON]
     layers = 2 if model_key == "layers" else 1
@@ -68,7 +72,8 @@ def test_next_to_a_synchronized_batch_norm_it_keeps_its_own_statistics():
     built = tl.build(model, [4, 6])
     ghost_mean = built.graph.get_operation_by_name("tower_1/gbn0/moments/mean")
     readers = sorted(c.name for c in ghost_mean.outputs[0].consumers())
-    report = graphsync.rewrite_towers(built.graph)
+    with pytest.warns(graphsync.GraphsyncWarning, match=r"^4 batch statistics .* \(and 3 more: "):
+        report = graphsync.rewrite_towers(built.graph)
     assert [l.name for l in report.layers] == ["bn/moments/mean"], str(report)
     assert sorted(c.name for c in ghost_mean.outputs[0].consumers()) == readers
 
@@ -81,3 +86,23 @@ def test_inspect_names_it(tmp_path):
     result = CliRunner().invoke(main, ["inspect", str(path)], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     assert result.output.count(REASON) == 4, result.output
+
+
+def test_graphsync_run_says_so_by_default():
+    """Under `graphsync run` a step that is not one device's never goes unsaid: one line, even
+    when nothing else in the graph is synchronized; none with --quiet."""
+    said, quiet = io.StringIO(), io.StringIO()
+    graphsync.AutoSync(stream=said).first_use(tl.build(layers_ghost, [4, 4]).graph)
+    graphsync.AutoSync(stream=quiet, quiet=True).first_use(tl.build(layers_ghost, [4, 4]).graph)
+    assert said.getvalue().splitlines() == [
+        "graphsync: warning: 4 batch statistics in the towers stay per tower, unsynchronized: "
+        f"tower_0/gbn0/moments/mean: {REASON} (and 3 more: report.skipped, graphsync inspect)"]
+    assert quiet.getvalue() == ""
+
+
+def test_one_tower_has_nothing_to_say():
+    built = tl.build(layers_ghost, [4])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", graphsync.GraphsyncWarning)
+        report = graphsync.rewrite_towers(built.graph)
+    assert not report.changed and len(report.skipped) == 2

@@ -30,7 +30,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from graphsync.match import conditional, fused, handwritten, hidden, moments, sufficient, weighted
-from graphsync.match.candidate import Candidate
+from graphsync.match.candidate import Candidate, PerTower
 from graphsync.match.fused import (FUSED_TYPES, GRAPHSYNC_GRADIENTS, fused_gradient_ops, is_live,
                                    is_training, made_by_graphsync)
 from graphsync.match.gradients import (SHAPE_TYPES, entry_readers, gradient_entry, gradient_scopes,
@@ -39,7 +39,7 @@ from graphsync.match.hidden import FUNCTION_CALL_TYPES, called_functions, functi
 
 FORMS = (fused, moments, handwritten, sufficient, weighted, conditional)
 
-__all__ = ["Candidate", "FORMS", "FUNCTION_CALL_TYPES", "FUSED_TYPES", "GRAPHSYNC_GRADIENTS", "SHAPE_TYPES",
+__all__ = ["Candidate", "PerTower", "FORMS", "FUNCTION_CALL_TYPES", "FUSED_TYPES", "GRAPHSYNC_GRADIENTS", "SHAPE_TYPES",
            "called_functions", "candidates", "entry_readers", "functions_with_training_batch_norm",
            "fused_gradient_ops", "gradient_entry", "gradient_scopes", "is_live", "is_training",
            "made_by_graphsync", "passed_through_entry", "starting_types"]

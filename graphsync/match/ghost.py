@@ -11,6 +11,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from graphsync import shapes
+from graphsync.match.candidate import PerTower
 
 
 def virtual_batch_size(x: tf.Tensor, axes: tuple) -> int | str | None:
@@ -26,5 +27,5 @@ def virtual_batch_size(x: tf.Tensor, axes: tuple) -> int | str | None:
     return int(k) if k is not None else "?"
 
 
-def reason(k) -> str:
-    return f"ghost batch norm (virtual_batch_size={k}): normalizes sub-batches by design"
+def reason(k) -> PerTower:
+    return PerTower(f"ghost batch norm (virtual_batch_size={k}): normalizes sub-batches by design")

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from graphsync.match.candidate import Candidate
+from graphsync.match.candidate import Candidate, PerTower
 from graphsync.match.handwritten import candidate
 from graphsync.match.reductions import MeanOf, const_axes
 
-PER_STATISTIC = ("weighted moments whose weights differ between statistics (per channel): graphsync "
-                 "merges one summed weight per tower: left per tower")
+PER_STATISTIC = PerTower("weighted moments whose weights differ between statistics (per channel): graphsync "
+                         "merges one summed weight per tower: left per tower")
 
 
 STARTS = ("DivNoNan", "RealDiv")   # the op types candidates() starts from (see match.starting_types)

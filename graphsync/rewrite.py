@@ -8,7 +8,7 @@ import weakref
 
 import tensorflow as tf
 
-from graphsync import splice, tf_private
+from graphsync import ref_races, splice, tf_private
 from graphsync.errors import GraphsyncError, GraphsyncWarning
 from graphsync.exchange import ProcessGroup, make_exchange
 from graphsync.plan import Plan, digest, fingerprints, make_plan
@@ -69,6 +69,7 @@ def _rewrite(graph, towers, device, strategy, group_size, process_group) -> Rewr
     _say_kept_per_tower(plan.kept_per_tower)
     if report.changed:
         _rewritten_graphs.add(graph)
+        _say_races(ref_races.find_races(graph))
     return report
 
 
@@ -99,6 +100,18 @@ def _say_kept_per_tower(kept: list) -> None:
         others = f" (and {more} more: report.skipped, graphsync inspect)" if more else ""
         warnings.warn(f"{len(kept)} batch statistic{'s' if len(kept) > 1 else ''} in the towers "
                       f"stay{'' if len(kept) > 1 else 's'} per tower, unsynchronized: {op}: {why}{others}",
+                      GraphsyncWarning, stacklevel=4)
+
+
+def _say_races(races: list) -> None:
+    """A GraphsyncWarning for reads of TF1 ref variables that race their update (ungated
+    gradients): the user's own race, but lockstep towers make the wrong outcome likely, and the
+    step would then differ from one device's (graphsync/ref_races.py)."""
+    if races:
+        others = f" (and {len(races) - 1} more)" if len(races) > 1 else ""
+        warnings.warn(f"{races[0].line()}{others}: ungated gradients on TF1 ref variables, which synchronized "
+                      "towers in lockstep make likely to use the new value; gate them (optimizer.compute_gradients' "
+                      "default GATE_OP, tf.gradients(..., gate_gradients=True)) or use resource variables",
                       GraphsyncWarning, stacklevel=4)
 
 

@@ -133,6 +133,39 @@ def test_what_the_rewrite_adds_reads_variables_only_before_the_forward_pass_ends
     assert readers <= _ancestors(built.outputs), sorted(op.name for op in readers - _ancestors(built.outputs))
 
 
+def _one_tower_job(gate_gradients):
+    """One worker's graph of tests/scripts/ps_train.py's collective mode, differentiated with
+    tf.gradients and applied at once, gated or not."""
+    import ps_train   # tests/scripts (test_between_graph put it on the path)
+    graph = tf.Graph()
+    with graph.as_default():
+        x, t = tf1.placeholder(tf.float32, [None, 6, 6, 3]), tf1.placeholder(tf.float32, [None, 5])
+        y, _ = ps_train.model(x)
+        params = tf1.trainable_variables()
+        grads = tf.gradients(tf.reduce_sum(tf.square(y - t)), params, gate_gradients=gate_gradients)
+        with tf.control_dependencies(tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)):
+            tf1.train.GradientDescentOptimizer(0.1).apply_gradients(zip(grads, params))
+        tf1.global_variables_initializer()
+    return graph
+
+
+def test_ungated_gradients_on_ref_variables_are_said(v1):
+    """The race ps_train.py had (an ungated head's ∂L/∂x against its kernel's update): the rewrite
+    names it in one warning; gated gradients, and every towerlib graph, warn nothing."""
+    with pytest.warns(graphsync.GraphsyncWarning, match=r"^gradients/head/MatMul_grad/MatMul reads the TF1 ref "
+                                                        r"variable head/kernel while its update GradientDescent/"
+                                                        r"update_head/kernel/ApplyGradientDescent may already have "
+                                                        r"written it \(and 1 more\): ungated gradients"):
+        graphsync.rewrite_towers(_one_tower_job(False), strategy="allreduce",
+                                 process_group=graphsync.ProcessGroup(2, 0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", graphsync.GraphsyncWarning)
+        assert graphsync.rewrite_towers(_one_tower_job(True), strategy="allreduce",
+                                        process_group=graphsync.ProcessGroup(2, 0)).changed
+        for model in (models.resnetish(depth=2), models.layers_bn()):
+            tl.build(model, [3, 5], rewrite=graphsync.rewrite_towers)
+
+
 def test_between_graph_script_under_v1_with_graphsync_run(tmp_path):
     """tests/scripts/between_graph_train.py --v1: the script itself calls disable_v2_behavior()."""
     sizes = [3, 5]

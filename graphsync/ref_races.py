@@ -1,0 +1,154 @@
+"""Reads of TF1 ref variables that race their own update in the same step.
+
+A `VariableV2` (what `disable_v2_behavior()` builds) is read through ops that alias its buffer, and
+optimizers update that buffer in place as soon as the update's inputs are ready. A read that
+neither comes before the update nor after it in the graph may see either value. The classic case
+is ungated differentiation, `tf.gradients(loss, params)` applied at once: a dense or conv layer's
+∂L/∂x reads its kernel, which feeds the gradients of the layers below but not the kernel's own
+update. Nothing orders that read before the update, and synchronized towers or workers run in
+lockstep, where the update often wins (a step then uses a weight half old, half new).
+`optimizer.compute_gradients` gates each gradient op by default (GATE_OP) and has no such race.
+
+A race is a reader R of variable V's buffer and an update U of V such that
+
+    R is not an ancestor of U (R is not known to run before U),
+    R is not a descendant of U (R is not meant to read the new value), and
+    R and U reach a common op (one fetch runs both: e.g. R's gradients and U under train_op).
+
+The last condition leaves out the initializers and separate evaluation or summary passes. One pass
+over the graph in each direction with an integer bitset per op (a bit per update, a bit per sink),
+and only for graphs that update ref variables: resource variables copy on write and never race.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import tensorflow as tf
+
+from graphsync.tf_private import is_ref
+
+VARIABLE_TYPES = ("VariableV2", "Variable", "TemporaryVariable")
+ALIASING_TYPES = ("Identity", "RefIdentity", "Switch", "RefSwitch", "Enter", "RefEnter")
+REF_READERS = ("IsVariableInitialized", "RefIdentity", "RefSwitch", "RefEnter", "RefExit", "RefMerge",
+               "RefNextIteration", "RefSelect", "DebugGradientRefIdentity", "DestroyTemporaryVariable")
+
+
+@dataclasses.dataclass(frozen=True)
+class Race:
+    reader: str
+    variable: str
+    update: str
+
+    def line(self) -> str:
+        return (f"{self.reader} reads the TF1 ref variable {self.variable} while its update {self.update} "
+                "may already have written it")
+
+
+def find_races(graph: tf.Graph) -> list[Race]:
+    """Every (reader, update) race of the module docstring, readers in the order they run."""
+    updates, readers = {}, {}   # variable op → its in-place updates / the ops reading its buffer
+    for op in graph.get_operations():
+        if op.type in VARIABLE_TYPES:
+            updates[op], readers[op] = _updates_and_readers(op)
+    pairs = [(v, u) for v, us in updates.items() for u in us if readers[v]]
+    if not pairs:
+        return []
+    order, inputs = _topological(graph)
+    index = {op: i for i, op in enumerate(order)}
+    update_bit = {u: 1 << i for i, u in enumerate({u for _, u in pairs})}
+    before, after, sinks = _reachability(order, [[index[s] for s in inputs[op]] for op in order], update_bit)
+    races = []
+    for variable, update in pairs:
+        bit = update_bit[update]
+        for reader in readers[variable]:
+            if reader in index and update in index and not before[index[reader]] & bit \
+                    and not after[index[reader]] & bit and sinks[index[reader]] & sinks[index[update]]:
+                races.append(Race(reader.name, variable.name, update.name))
+    return sorted(races, key=lambda r: index[graph.get_operation_by_name(r.reader)])
+
+
+def _updates_and_readers(variable: tf.Operation) -> tuple[list, list]:
+    """The ops writing `variable` in place, and those reading its buffer through aliasing ops.
+    An alias on another device is a copy (Send/Recv), whose readers cannot race."""
+    updates, readers = [], []
+    frontier = [variable.outputs[0]]
+    while frontier:
+        tensor = frontier.pop()
+        for consumer in tensor.consumers():
+            if consumer.type in ALIASING_TYPES and _same_device(consumer, tensor.op):
+                frontier += consumer.outputs
+            elif is_ref(tensor) and consumer.type not in REF_READERS and _input_arg(consumer, tensor).is_ref:
+                updates.append(consumer)
+            elif not _ignored(consumer, tensor):   # (an alias on another device reads it to copy it)
+                readers.append(consumer)
+    return updates, readers
+
+
+def _ignored(op: tf.Operation, tensor: tf.Tensor) -> bool:
+    """Inputs an op takes but does not read: a training-mode fused batch norm's moving mean and
+    variance, unless its exponential_avg_factor blends them into its outputs."""
+    if not op.type.startswith("FusedBatchNorm") or op.type.endswith("Grad") or not op.get_attr("is_training"):
+        return False
+    blends = op.type == "FusedBatchNormV3" and op.get_attr("exponential_avg_factor") != 1.0
+    return not blends and all(t is not tensor for t in op.inputs[:3])
+
+
+def _input_arg(op: tf.Operation, tensor: tf.Tensor):
+    """The OpDef argument `tensor` enters `op` by (ref variables enter single arguments)."""
+    position = next(i for i, t in enumerate(op.inputs) if t is tensor)
+    args = op.op_def.input_arg
+    return args[min(position, len(args) - 1)]
+
+
+def _same_device(op: tf.Operation, source: tf.Operation) -> bool:
+    return not op.device or not source.device or \
+        tf.DeviceSpec.from_string(op.device) == tf.DeviceSpec.from_string(source.device)
+
+
+def _topological(graph: tf.Graph) -> tuple[list, dict]:
+    """Ops in an order where every op follows its data and control inputs (a v1 while loop's back
+    edge, NextIteration → Merge, is no edge here; ops on a cycle are left out), and each op's inputs."""
+    ops = graph.get_operations()
+    inputs = {op: _inputs(op) for op in ops}
+    waiting = {op: len(sources) for op, sources in inputs.items()}
+    consumers = {op: [] for op in ops}
+    for op, sources in inputs.items():
+        for source in sources:
+            consumers[source].append(op)
+    ready = [op for op in ops if not waiting[op]]
+    order = []
+    while ready:
+        op = ready.pop()
+        order.append(op)
+        for consumer in consumers[op]:
+            waiting[consumer] -= 1
+            if not waiting[consumer]:
+                ready.append(consumer)
+    return order, inputs
+
+
+def _inputs(op: tf.Operation) -> list:
+    data = [t.op for t in op.inputs if not (op.type in ("Merge", "RefMerge") and t.op.type.endswith("NextIteration"))]
+    return data + list(op.control_inputs)
+
+
+def _reachability(order: list, inputs: list, update_bit: dict) -> tuple[list, list, list]:
+    """Per op of `order` (inputs: their inputs' places in it): the updates it reaches (it runs
+    before them), the updates reaching it (it runs after them), and the sinks it reaches that an
+    update reaches too, as integer bitsets."""
+    before, after, sinks = [0] * len(order), [0] * len(order), [0] * len(order)
+    consumed = [False] * len(order)
+    for i, op in enumerate(order):
+        after[i] |= update_bit.get(op, 0)
+        for j in inputs[i]:
+            after[i] |= after[j]
+            consumed[j] = True
+    next_sink = 0
+    for i in range(len(order) - 1, -1, -1):
+        before[i] |= update_bit.get(order[i], 0)
+        if not consumed[i] and after[i]:   # only sinks an update reaches can be common to one
+            sinks[i], next_sink = 1 << next_sink, next_sink + 1
+        for j in inputs[i]:
+            before[j] |= before[i]
+            sinks[j] |= sinks[i]
+    return before, after, sinks

@@ -30,15 +30,13 @@ synchronized within itself only, as plain AutoSync does.
 from __future__ import annotations
 
 import os
-import sys
-import threading
 import time
 
 from graphsync.autosync import AutoSync
+from graphsync.lost_worker import LostWorkerGuard
 
 DEFAULT_PEER_TIMEOUT = 300.0
 DEFAULT_HEARTBEAT = 10.0   # seconds without an answer: lost (TensorFlow's coordination service's default too)
-CANCEL_GRACE = 3.0    # seconds a cancelled step may take to reach the script before the process is ended
 
 
 class BetweenGraphSync(AutoSync):
@@ -54,12 +52,7 @@ class BetweenGraphSync(AutoSync):
                  tf_config: str | None = None, **kwargs):
         super().__init__(**kwargs)
         self.peer_timeout, self.heartbeat = peer_timeout, heartbeat
-        self.watch = None           # graphsync.heartbeat.PeerWatch, once every server is up
-        self.lost = None            # graphsync.heartbeat.LostWorker that stopped a step
-        self.steps = None           # graphsync.steps.Steps, once TensorFlow is imported
-        self._meeting = False
-        self._ended = threading.Event()
-        self._lost_said, self._lost_lock = False, threading.Lock()
+        self.guard = LostWorkerGuard(lambda line: self._say(line, error=True))   # the heartbeat and the steps
         self.tf_config = os.environ.get("TF_CONFIG") if tf_config is None else tf_config
         self.server_task = None     # graphsync.cluster.ClusterTask of the last server created
         self.server_target = None
@@ -75,11 +68,9 @@ class BetweenGraphSync(AutoSync):
         import tensorflow as tf
 
         from graphsync import cluster, tf_private
-        from graphsync.steps import Steps
         original = tf.distribute.Server.__init__
         original_run = tf_private.session_base_class().run
-        watch = self
-        self.steps = steps = Steps()
+        watch, guard = self, self.guard
 
         def server_init(server, server_or_cluster_def, job_name=None, task_index=None, protocol=None,
                         config=None, start=True):
@@ -89,79 +80,20 @@ class BetweenGraphSync(AutoSync):
             watch.server_task, watch.server_target = task, server.target
 
         def run(session, fetches, *args, **kwargs):
-            if watch.watch is None or not steps.is_step(session, fetches):
-                return original_run(session, fetches, *args, **kwargs)
-            return watch._step(lambda: original_run(session, fetches, *args, **kwargs), steps.begin(session))
+            return guard.run(original_run, session, fetches, *args, **kwargs)
 
         return super().patch_points() + [(tf.distribute.Server, "__init__", server_init),
                                           (tf_private.session_base_class(), "run", run)]
 
-    # -- a lost worker ---------------------------------------------------------------------------
-
-    def _step(self, run, number: int):
-        """Runs synchronized step `number`: refused once a worker is lost; a failure waits for the
-        heartbeat's verdict on the peers before it reaches the script."""
-        import tensorflow as tf
-        try:
-            if self.watch.lost is not None:
-                self._stopped_by(self.watch.lost, f"before synchronized step {number}")
-                raise SystemExit(1)
-            started = time.monotonic()
-            try:
-                return run()
-            except tf.errors.OpError:
-                lost = self.watch.settle(since=started)
-                if lost is not None:
-                    self._stopped_by(lost, f"during synchronized step {number}")
-                raise
-        finally:
-            self.steps.end()
-
-    def _stopped_by(self, lost, during: str) -> None:
-        if self.lost is None:
-            lost.during, self.lost = during, lost
-
-    def _on_lost(self, lost) -> None:
-        """On the heartbeat's thread: cancels a running step (or the meeting), and ends the process
-        if the script has not ended CANCEL_GRACE seconds later (closing a session whose step waits
-        for a frozen peer takes TensorFlow about 10 s)."""
-        if not (self.steps.running or self._meeting):
-            return   # between steps, or training over: the next synchronized step is refused
-        self._stopped_by(lost, "at the first meeting" if self._meeting else
-                         f"during synchronized step {self.steps.started}")
-        threading.Thread(target=self.steps.cancel, name="graphsync-cancel", daemon=True).start()
-        if not self._ended.wait(CANCEL_GRACE) and self._say_lost():
-            sys.stderr.flush()
-            os._exit(1)
-
-    def _say_lost(self) -> bool:
-        """The lost worker's line, once (False: already said)."""
-        with self._lost_lock:
-            said, self._lost_said = self._lost_said, True
-        if not said:
-            self._say(f"error: {self.lost.line()}", error=True)
-        return not said
-
     def __exit__(self, *exc_info):
-        if self.watch is not None:
-            self.watch.stop()
+        if self.guard.watch is not None:
+            self.guard.watch.stop()
         try:
             super().__exit__(*exc_info)
         finally:
-            self._ended.set()
-        if self.lost is not None:
-            sys.stdout.flush()
-            if self._say_lost():
-                self._end_within(CANCEL_GRACE)
-                raise SystemExit(1)
-            threading.Event().wait()   # the heartbeat's thread is ending the process
-
-    def _end_within(self, seconds: float) -> None:
-        """Exit status 1 in `seconds` at the latest: TensorFlow's teardown can wait ~10 s for a
-        frozen peer (faulthandler's watchdog is a C thread: it fires even during finalization)."""
-        import faulthandler
-        self._devnull = open(os.devnull, "w")   # noqa: SIM115 - must outlive this call
-        faulthandler.dump_traceback_later(seconds, exit=True, file=self._devnull)
+            self.guard.ended.set()
+        if self.guard.lost is not None:
+            self.guard.stop_process()   # the script's own traceback, if any, came first
 
     # -- the per-graph decision ------------------------------------------------------------------
 
@@ -200,21 +132,21 @@ class BetweenGraphSync(AutoSync):
         self._say(f"{task.description}; its towers synchronize with {others} through collectives "
                   f"(group leader {task.leader}, peer timeout {self.peer_timeout:g} s)")
         super().rewritten(graph, report)
-        self.steps.graphs.add(graph)
+        guard = self.guard
+        guard.steps.graphs.add(graph)
         try:
             started = time.monotonic()
             peers.wait_for_servers(task, self.peer_timeout)
-            if self.heartbeat and self.watch is None:
-                from graphsync.heartbeat import PeerWatch
-                self.watch = PeerWatch(task, self.heartbeat, on_lost=self._on_lost).start()
+            if self.heartbeat:
+                guard.start_watch(task, self.heartbeat)
             left = max(self.peer_timeout - (time.monotonic() - started), 1.0) if self.peer_timeout else 0.0
-            self._meeting = True
+            guard.meeting = True
             try:
                 peers.compare_layers(task, self.server_target, report.fingerprints, left, said=self.peer_timeout,
-                                     opened=self.steps.sessions.add)
+                                     opened=guard.steps.sessions.add)
             finally:
-                self._meeting = False
+                guard.meeting = False
         except GraphsyncError as exc:
-            if self.lost is not None:
+            if guard.lost is not None:
                 raise SystemExit(1) from None   # __exit__ names the lost worker
             self.failed(graph, " ".join(str(exc).split()), fatal=True)

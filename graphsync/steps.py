@@ -12,8 +12,6 @@ from __future__ import annotations
 import threading
 import weakref
 
-from graphsync.exchange.collectives import COLLECTIVE_TYPES
-
 
 class Steps:
     def __init__(self):
@@ -71,6 +69,7 @@ def _fetched_ops(graph, fetches) -> tuple | None:
 
 
 def _reaches_collective(graph, names: tuple) -> bool:
+    from graphsync.exchange.collectives import COLLECTIVE_TYPES   # imports TensorFlow: not before the script does
     seen, stack = set(names), [graph.get_operation_by_name(n) for n in names]
     while stack:
         op = stack.pop()

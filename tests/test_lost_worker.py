@@ -140,9 +140,8 @@ def test_a_lost_worker_stops_every_survivor_and_all_resume_exactly(tmp_path, uni
     checkpoints = tmp_path / "checkpoints"
     started = {}
 
-    def freeze(workers):
+    def freeze(workers):   # it stops itself: a SIGSTOP sent from here could come after its next step began
         started["at"] = workers[2].when(f"step {FAULT_AFTER} done")
-        workers[2].proc.send_signal(signal.SIGSTOP)
         for worker in workers[:2]:
             worker.wait()
         workers[2].kill()
@@ -151,7 +150,7 @@ def test_a_lost_worker_stops_every_survivor_and_all_resume_exactly(tmp_path, uni
     def exits(workers):
         started["at"] = workers[2].when(f"step {FAULT_AFTER} done")
 
-    per_worker = {2: ["--exit-after", str(FAULT_AFTER)]} if fault_name == "exit" else None
+    per_worker = {2: [{"exit": "--exit-after", "sigstop": "--freeze-after"}[fault_name], str(FAULT_AFTER)]}
     faulty = run_group(spec, tmp_path / "faulty", checkpoints, per_worker, exits if fault_name == "exit" else freeze)
     assert_survivors_name(faulty, 2, started["at"], fault_name)
 

@@ -4,16 +4,18 @@ purpose. The model, data and graph are between_graph_train.py's (one unscoped to
 each worker's variables its own); every worker trains on its shard of the same batch each step.
 
     TF_CONFIG=… python between_graph_steps.py OUT CHECKPOINTS [--steps 4] [--sizes 3,5,4]
-        [--exit-after K] [--pause-after K --pause SECONDS]
+        [--exit-after K] [--freeze-after K] [--pause-after K --pause SECONDS]
 
 After each step k (1, 2, …) the worker saves CHECKPOINTS/worker<index>/model.ckpt-k and prints
 `step k done`. --exit-after K: the process then exits (status 3) as a crashed worker does;
+--freeze-after K: it stops itself with SIGSTOP, as a hung machine does (before step K+1 can start);
 --pause-after K: it sleeps SECONDS before its next step, its server up. At the end OUT (.npz)
 holds every global variable by name.
 """
 import argparse
 import json
 import os
+import signal
 import time
 
 import between_graph_train as base
@@ -30,6 +32,7 @@ def main():
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--sizes", default="3,5,4")
     parser.add_argument("--exit-after", type=int, default=0)
+    parser.add_argument("--freeze-after", type=int, default=0)
     parser.add_argument("--pause-after", type=int, default=0)
     parser.add_argument("--pause", type=float, default=0.0)
     args = parser.parse_args()
@@ -61,6 +64,8 @@ def main():
                 print(f"step {step} done", flush=True)
                 if step == args.exit_after:
                     os._exit(3)
+                if step == args.freeze_after:
+                    os.kill(os.getpid(), signal.SIGSTOP)
                 if step == args.pause_after:
                     time.sleep(args.pause)
             variables = tf1.global_variables()

@@ -30,7 +30,6 @@ synchronized within itself only, as plain AutoSync does.
 from __future__ import annotations
 
 import os
-import time
 
 from graphsync.autosync import AutoSync
 from graphsync.lost_worker import LostWorkerGuard
@@ -125,28 +124,14 @@ class BetweenGraphSync(AutoSync):
         if report.process_group is None:
             super().rewritten(graph, report)
             return
-        from graphsync import peers
         from graphsync.errors import GraphsyncError
         task = self.server_task
         others = f"the other {task.tasks - 1} workers" if task.tasks > 2 else "the other worker"
         self._say(f"{task.description}; its towers synchronize with {others} through collectives "
                   f"(group leader {task.leader}, peer timeout {self.peer_timeout:g} s)")
         super().rewritten(graph, report)
-        guard = self.guard
-        guard.steps.graphs.add(graph)
+        self.guard.steps.graphs.add(graph)
         try:
-            started = time.monotonic()
-            peers.wait_for_servers(task, self.peer_timeout)
-            if self.heartbeat:
-                guard.start_watch(task, self.heartbeat)
-            left = max(self.peer_timeout - (time.monotonic() - started), 1.0) if self.peer_timeout else 0.0
-            guard.meeting = True
-            try:
-                peers.compare_layers(task, self.server_target, report.fingerprints, left, said=self.peer_timeout,
-                                     opened=guard.steps.sessions.add)
-            finally:
-                guard.meeting = False
+            self.guard.meet(task, self.server_target, report.fingerprints, self.heartbeat, self.peer_timeout)
         except GraphsyncError as exc:
-            if guard.lost is not None:
-                raise SystemExit(1) from None   # __exit__ names the lost worker
             self.failed(graph, " ".join(str(exc).split()), fatal=True)

@@ -12,10 +12,11 @@ A `LostWorkerGuard` holds the heartbeat (graphsync.heartbeat.PeerWatch) and the 
     a step that failed on its own     it waits for the heartbeat's verdict on the peers (a peer that
                                       exited fails the collectives before the heartbeat notices)
 
-`stop_process()` ends the process with status 1 and, last on stderr, the lost worker's line (said
-once, by whichever thread comes first). `graphsync run` calls it when the script has ended
+`meet()` is the workers' first meeting (graphsync.peers), the heartbeat starting once every server
+is up. `stop_process()` ends the process with status 1 and, last on stderr, the lost worker's line
+(said once, by whichever thread comes first). `graphsync run` calls it when the script has ended
 (graphsync.between_graph: the script's own traceback comes first); `rewrite_towers`' guard calls
-it at the failed or refused step itself (graphsync.watched_steps).
+it at the failed or refused step itself (graphsync.watched_steps, stop_at_step).
 """
 from __future__ import annotations
 
@@ -48,6 +49,33 @@ class LostWorkerGuard:
             from graphsync.heartbeat import PeerWatch
             self.watch = PeerWatch(task, interval, on_lost=self._on_lost).start()
 
+    def meet(self, task, target: str, fingerprints: list[str], heartbeat: float, timeout: float,
+             longer: str | None = None) -> None:
+        """The workers' first meeting (graphsync.peers) through the server at `target`: every
+        server up, then the heartbeat on (0: none), then every worker's layers the same, within
+        `timeout` seconds in all (0: as long as it takes; `longer`: how to wait longer). Raises
+        GraphsyncError when the meeting fails; a worker lost meanwhile stops the process instead
+        (stop_at_step; else SystemExit(1), the line left to stop_process)."""
+        from graphsync import peers
+        from graphsync.errors import GraphsyncError
+        longer = longer or peers.LONGER
+        started = time.monotonic()
+        try:
+            peers.wait_for_servers(task, timeout, longer=longer)
+            if heartbeat:
+                self.start_watch(task, heartbeat)
+            left = max(timeout - (time.monotonic() - started), 1.0) if timeout else 0.0
+            self.meeting = True
+            try:
+                peers.compare_layers(task, target, fingerprints, left, said=timeout, opened=self.steps.sessions.add,
+                                     longer=longer)
+            finally:
+                self.meeting = False
+        except GraphsyncError:
+            if self.lost is not None:
+                self._refuse()
+            raise
+
     def run(self, original_run, session, fetches, *args, **kwargs):
         """`original_run(session, fetches, …)`, guarded when it is a synchronized step."""
         if self.watch is None or not self.steps.is_step(session, fetches):
@@ -79,7 +107,7 @@ class LostWorkerGuard:
     def _refuse(self):
         if self.stop_at_step:
             self.stop_process()
-        raise SystemExit(1)
+        raise SystemExit(1) from None   # graphsync run: its __exit__ names the lost worker
 
     def _stopped_by(self, lost, during: str) -> None:
         if self.lost is None:

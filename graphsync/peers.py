@@ -32,6 +32,7 @@ HANDSHAKE_INSTANCE_KEY = (1 << 30) + 100
 MAX_COMPARED_LAYERS = 128                # beyond: compared through the digest of all layers only
 _handshakes = [0]                        # handshakes so far in this process (one key each)
 HANDSHAKE_GRAPHS = weakref.WeakSet()     # graphsync's own graphs: never rewritten (see between_graph)
+LONGER = "or wait longer with --peer-timeout"   # the remedy for a short wait (graphsync run's option)
 
 
 def meet(task: ClusterTask, target: str, fingerprints: list[str], timeout: float) -> None:
@@ -42,7 +43,7 @@ def meet(task: ClusterTask, target: str, fingerprints: list[str], timeout: float
     compare_layers(task, target, fingerprints, left, said=timeout)
 
 
-def wait_for_servers(task: ClusterTask, timeout: float, poll: float = 0.1) -> None:
+def wait_for_servers(task: ClusterTask, timeout: float, poll: float = 0.1, longer: str = LONGER) -> None:
     """Returns once every training task's address accepts a connection; raises GraphsyncError
     naming the tasks that did not within `timeout` seconds (0: wait forever)."""
     start = time.monotonic()
@@ -55,8 +56,7 @@ def wait_for_servers(task: ClusterTask, timeout: float, poll: float = 0.1) -> No
             missing = ", ".join(f"{task_name(job, i)} ({task.address(job, i)})" for job, i in waiting)
             raise GraphsyncError(
                 f"{missing} did not start within {timeout:g} s ({task.name} is process {task.rank + 1} of "
-                f"{task.tasks}): start every "
-                "worker of the cluster, or wait longer with --peer-timeout")
+                f"{task.tasks}): start every worker of the cluster, {longer}")
         time.sleep(poll)
 
 
@@ -70,7 +70,7 @@ def _listening(address: str) -> bool:
 
 
 def compare_layers(task: ClusterTask, target: str, fingerprints: list[str], timeout: float,
-                   said: float | None = None, opened=None) -> None:
+                   said: float | None = None, opened=None, longer: str = LONGER) -> None:
     """Gathers every worker's layer fingerprints (see graphsync.plan.fingerprints) through the
     server at `target`; raises GraphsyncError when a worker's differ from this one's, or when not
     every worker joins within `timeout` seconds (0: wait forever; `said`: the wait to name), or
@@ -102,8 +102,8 @@ def compare_layers(task: ClusterTask, target: str, fingerprints: list[str], time
         raise GraphsyncError(
             f"not every worker joined within {said or timeout:g} s ({task.name} is process {task.rank + 1} of "
             f"{task.tasks}, waiting for {others}): their servers are up, but some did not reach "
-            "their first synchronized step: run every worker under graphsync (the same script and "
-            "options), or wait longer with --peer-timeout") from None
+            f"their first synchronized step: run every worker under graphsync (the same script and "
+            f"options), {longer}") from None
     except tf.errors.FailedPreconditionError as exc:
         if "incarnation" not in str(exc):
             raise

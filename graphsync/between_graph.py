@@ -118,7 +118,7 @@ class BetweenGraphSync(AutoSync):
                       "its graphs are synchronized within this process only")
             return options
         timeout = 0.0 if self.heartbeat else self.peer_timeout   # with a heartbeat, it decides who is lost
-        return dict(options, strategy="allreduce", process_group=task.process_group(timeout, self.heartbeat))
+        return dict(options, strategy="allreduce", process_group=task.process_group(timeout))   # watched here
 
     def rewritten(self, graph, report) -> None:
         if report.process_group is None:

@@ -36,7 +36,9 @@ def rewrite_towers(graph: tf.Graph | None = None, *, towers=None, device: str | 
     process_group: ProcessGroup(tasks, index, timeout=0) for between-graph replication (one graph
              per worker process, strategy='allreduce'); each server's config needs
              experimental.collective_group_leader. Workers whose layers differ never pair up
-             (their collectives time out after `timeout` seconds, when set).
+             (their collectives time out after `timeout` seconds, when set). With
+             ProcessGroup(…, heartbeat=SECONDS) the graph's steps are watched: a lost worker ends
+             this process with status 1 and one line naming it (graphsync.watched_steps).
 
     Raises GraphsyncError, leaving the graph untouched, when the graph cannot be rewritten.
     """
@@ -70,6 +72,9 @@ def _rewrite(graph, towers, device, strategy, group_size, process_group) -> Rewr
     if report.changed:
         _rewritten_graphs.add(graph)
         _say_races(ref_races.find_races(graph))
+        if process_group is not None and process_group.heartbeat:
+            from graphsync import watched_steps
+            watched_steps.watch(graph, process_group, report.fingerprints)
     return report
 
 

@@ -77,7 +77,48 @@ def test_between_graph_sync_decides_from_the_server_else_tf_config():
     sync.server_task = cluster.from_tf_config(_tf_config({"worker": WORKERS}, "worker", 2))
     sync.server_target = "grpc://127.0.0.1:1003"
     # with a heartbeat (default 10 s) the collectives wait for slow peers: the heartbeat finds lost ones
-    assert sync.options_for(graph) == {"strategy": "allreduce", "process_group": ProcessGroup(3, 2, 0.0, 10.0)}
+    # (BetweenGraphSync's own, not the process group's: graphsync.between_graph)
+    assert sync.options_for(graph) == {"strategy": "allreduce", "process_group": ProcessGroup(3, 2, 0.0)}
     sync.heartbeat = 0
     assert sync.options_for(graph) == {"strategy": "allreduce", "process_group": ProcessGroup(3, 2, 12.0)}
     assert BetweenGraphSync(tf_config="", strategy="gather").options_for(graph) == {"strategy": "gather"}
+
+
+def test_a_process_group_with_a_heartbeat_finds_its_workers_in_its_cluster_else_tf_config(monkeypatch):
+    """rewrite_towers' heartbeat (graphsync.watched_steps) needs the workers' addresses: from
+    ProcessGroup(cluster=…) in any of its forms, else TF_CONFIG; kept in one hashable form."""
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    want = (("chief", ("h:1",)), ("ps", ("h:9",)), ("worker", tuple(WORKERS[:2])))
+    spec = {"chief": ["h:1"], "worker": WORKERS[:2], "ps": ["h:9"]}
+    for form in (spec, tf.train.ClusterSpec(spec), tf.train.ClusterSpec(spec).as_cluster_def(), want):
+        group = ProcessGroup(3, 2, heartbeat=3, cluster=form)
+        assert group.cluster == want and hash(group) == hash(ProcessGroup(3, 2, heartbeat=3, cluster=want))
+    task = cluster.of_group(ProcessGroup(3, 2, heartbeat=3, cluster=spec))
+    assert (task.job, task.index, task.rank, task.address("worker", 1)) == ("worker", 1, 2, WORKERS[1])
+    assert ProcessGroup(2, 1).cluster is None                       # no heartbeat: TF_CONFIG not even read
+    monkeypatch.setenv("TF_CONFIG", _tf_config({"worker": WORKERS}, "worker", 1))
+    assert ProcessGroup(3, 1, heartbeat=10).cluster == (("worker", tuple(WORKERS)),)
+
+
+@pytest.mark.parametrize("tf_config,kwargs,message", [
+    (None, dict(tasks=2, index=0, heartbeat=10),
+     r"^ProcessGroup\(2, 0, heartbeat=10\) needs the workers' addresses to watch them: pass cluster= \(the "
+     r"tf.distribute.Server this worker started, its tf.train.ClusterSpec, or \{job: \['host:port', ...\]\}\), "
+     r"or set TF_CONFIG$"),
+    (("worker", 1), dict(tasks=3, index=1, heartbeat=10),
+     r"^ProcessGroup\(3, 1, heartbeat=10\): the cluster from TF_CONFIG has 2 training tasks \(chief, master, "
+     r"worker\), not 3$"),
+    (("worker", 1), dict(tasks=2, index=0, heartbeat=10),
+     r"^ProcessGroup\(2, 0, heartbeat=10\): worker:1 is process index 1 in the cluster from TF_CONFIG: give the "
+     r"process group this task's index$"),
+    (("ps", 0), dict(tasks=2, index=0, heartbeat=10), r"ps:0 is not a training task in the cluster from TF_CONFIG"),
+    (None, dict(tasks=2, index=0, cluster=["h:1", "h:2"]), r"^ProcessGroup cluster= must be a tf.distribute.Server"),
+    (None, dict(tasks=3, index=0, cluster={"worker": WORKERS[:2]}), r"the cluster from cluster= has 2 training tasks"),
+])
+def test_a_process_group_whose_workers_cannot_be_found_is_one_clear_error(monkeypatch, tf_config, kwargs, message):
+    if tf_config is None:
+        monkeypatch.delenv("TF_CONFIG", raising=False)
+    else:
+        monkeypatch.setenv("TF_CONFIG", _tf_config({"worker": WORKERS[:2], "ps": ["h:9"]}, *tf_config))
+    with pytest.raises(GraphsyncError, match=message):
+        ProcessGroup(**kwargs)

@@ -4,7 +4,10 @@ after each. One worker exits, or is frozen with SIGSTOP, after step k: every sur
 status 1 within a few heartbeat intervals, its last stderr line naming the lost task; then all
 workers restart from their checkpoints and end with every variable equal to a run never
 interrupted. A worker that pauses between two steps for several intervals, its server up, is
-waited for and changes nothing. A worker restarted alone into the running group never joins it."""
+waited for and changes nothing. A worker restarted alone into the running group never joins it.
+
+The "library" cases run the same script under plain python, calling rewrite_towers itself with
+ProcessGroup(3, index, heartbeat=3) (graphsync.watched_steps): the same faults, the same lines."""
 import os
 import signal
 import subprocess
@@ -23,6 +26,10 @@ HEARTBEAT = 3.0
 STEPS = 4
 FAULT_AFTER = 2
 RUN = GRAPHSYNC_RUN + ["--heartbeat", f"{HEARTBEAT:g}", "--peer-timeout", "120"]
+LIBRARY = ["--library", f"{HEARTBEAT:g}"]   # between_graph_steps.py calls rewrite_towers itself
+PATHS = {"graphsync run": (RUN, []),   # runner, arguments every worker's script gets
+         "library": ([sys.executable], LIBRARY),
+         "library, cluster=server": ([sys.executable], LIBRARY + ["--cluster-from", "server"])}
 
 
 class Worker:
@@ -84,12 +91,14 @@ class Worker:
             self.proc.wait(timeout=30)
 
 
-def run_group(spec, tmp, checkpoints, per_worker=None, fault=None):
-    """All workers of `spec`; `fault(workers)` runs while they train. Returns the workers, ended."""
+def run_group(spec, tmp, checkpoints, per_worker=None, fault=None, path="graphsync run"):
+    """All workers of `spec`, along `path` (PATHS); `fault(workers)` runs while they train. Returns
+    the workers, ended."""
     tmp.mkdir(parents=True, exist_ok=True)
     began = time.monotonic()
-    workers = [Worker(spec, i, tmp / f"worker{i}.npz", checkpoints, (per_worker or {}).get(i, ()))
-               for i in range(len(spec["worker"]))]
+    runner, common = PATHS[path]
+    workers = [Worker(spec, i, tmp / f"worker{i}.npz", checkpoints, common + list((per_worker or {}).get(i, ())),
+                      runner=runner) for i in range(len(spec["worker"]))]
     try:
         if fault is not None:
             fault(workers)
@@ -134,25 +143,30 @@ def assert_survivors_name(workers, lost, started_fault, fault_name):
         assert seconds < 3 * HEARTBEAT + 15, seconds
 
 
-@pytest.mark.parametrize("fault_name", ["exit", "sigstop"])
-def test_a_lost_worker_stops_every_survivor_and_all_resume_exactly(tmp_path, uninterrupted, fault_name):
-    spec = cl.cluster_spec({"worker": 3})
-    checkpoints = tmp_path / "checkpoints"
+def run_faulty_group(fault_name, tmp, checkpoints, path="graphsync run"):
+    """3 workers; worker 2 exits, or freezes with SIGSTOP (sent to itself: one sent from here could
+    come after its next step began), after step FAULT_AFTER. Returns the workers, ended, and when
+    the fault happened."""
     started = {}
 
-    def freeze(workers):   # it stops itself: a SIGSTOP sent from here could come after its next step began
+    def fault(workers):
         started["at"] = workers[2].when(f"step {FAULT_AFTER} done")
-        for worker in workers[:2]:
-            worker.wait()
-        workers[2].kill()
-        workers[2].ended = time.monotonic()
-
-    def exits(workers):
-        started["at"] = workers[2].when(f"step {FAULT_AFTER} done")
+        if fault_name == "sigstop":   # frozen until the survivors are gone
+            for worker in workers[:2]:
+                worker.wait()
+            workers[2].kill()
+            workers[2].ended = time.monotonic()
 
     per_worker = {2: [{"exit": "--exit-after", "sigstop": "--freeze-after"}[fault_name], str(FAULT_AFTER)]}
-    faulty = run_group(spec, tmp_path / "faulty", checkpoints, per_worker, exits if fault_name == "exit" else freeze)
-    assert_survivors_name(faulty, 2, started["at"], fault_name)
+    workers = run_group(cl.cluster_spec({"worker": 3}), tmp, checkpoints, per_worker, fault, path)
+    return workers, started["at"]
+
+
+@pytest.mark.parametrize("fault_name", ["exit", "sigstop"])
+def test_a_lost_worker_stops_every_survivor_and_all_resume_exactly(tmp_path, uninterrupted, fault_name):
+    checkpoints = tmp_path / "checkpoints"
+    faulty, started = run_faulty_group(fault_name, tmp_path / "faulty", checkpoints)
+    assert_survivors_name(faulty, 2, started, fault_name)
 
     resumed = run_group(cl.cluster_spec({"worker": 3}), tmp_path / "resumed", checkpoints)
     errors = []
@@ -164,35 +178,47 @@ def test_a_lost_worker_stops_every_survivor_and_all_resume_exactly(tmp_path, uni
     assert max(errors) == 0.0, errors
 
 
-def test_a_worker_pausing_for_several_intervals_is_waited_for(tmp_path, uninterrupted):
+@pytest.mark.parametrize("fault_name,path", [("exit", "library"), ("sigstop", "library, cluster=server")])
+def test_rewrite_towers_with_a_heartbeat_stops_every_survivor_of_a_lost_worker(tmp_path, fault_name, path):
+    """The library path: a script of one's own, ProcessGroup(3, i, heartbeat=3), the workers'
+    addresses from TF_CONFIG or from the script's server; the same stop and the same line."""
+    faulty, started = run_faulty_group(fault_name, tmp_path, tmp_path / "checkpoints", path)
+    assert_survivors_name(faulty, 2, started, f"{path}, {fault_name}")
+
+
+@pytest.mark.parametrize("path", ["graphsync run", "library"])
+def test_a_worker_pausing_for_several_intervals_is_waited_for(tmp_path, uninterrupted, path):
     """Worker 1 sleeps 4 heartbeat intervals between steps 2 and 3, its server up: the others wait
-    in step 3's collectives, and the run ends as if nothing happened."""
+    in step 3's collectives, and the run ends as if nothing happened (the library path's too: it
+    equals graphsync run's undisturbed run to the bit)."""
     pause = 4 * HEARTBEAT
     workers = run_group(cl.cluster_spec({"worker": 3}), tmp_path, tmp_path / "checkpoints",
-                        {1: ["--pause-after", str(FAULT_AFTER), "--pause", str(pause)]})
+                        {1: ["--pause-after", str(FAULT_AFTER), "--pause", str(pause)]}, path=path)
     for worker, want in zip(workers, uninterrupted):
         assert worker.proc.returncode == 0, worker.stderr[-3000:]
         assert "lost worker" not in worker.stderr
         assert max_difference(worker.variables(), want) == 0.0
     waited = workers[0].when(f"step {FAULT_AFTER + 1} done") - workers[0].when(f"step {FAULT_AFTER} done")
-    print(f"straggler paused {pause:g} s (heartbeat {HEARTBEAT:g} s): worker 0's step {FAULT_AFTER + 1} took "
+    print(f"{path}: straggler paused {pause:g} s (heartbeat {HEARTBEAT:g} s): worker 0's step {FAULT_AFTER + 1} took "
           f"{waited:.1f} s; every variable equal to the undisturbed run")
     assert waited >= pause - 1
 
 
-def test_a_worker_restarted_alone_into_a_running_group_never_joins_it(tmp_path):
+@pytest.mark.parametrize("path,paused", [("graphsync run", 45), ("library", 20)])
+def test_a_worker_restarted_alone_into_a_running_group_never_joins_it(tmp_path, path, paused):
     """Worker 2 exits after step 2 and is restarted at once, from its checkpoint, while workers 0
     and 1 pause before step 3: they refuse step 3 (worker 2 was lost), and the newcomer is refused
     at its first meeting by the group leader, which knows its earlier server: one line, at once."""
     spec = cl.cluster_spec({"worker": 3})
     checkpoints = tmp_path / "checkpoints"
-    pause = ["--pause-after", str(FAULT_AFTER), "--pause", "45"]
-    workers = [Worker(spec, i, tmp_path / f"worker{i}.npz", checkpoints, args)
+    runner, common = PATHS[path]
+    pause = ["--pause-after", str(FAULT_AFTER), "--pause", str(paused)]
+    workers = [Worker(spec, i, tmp_path / f"worker{i}.npz", checkpoints, common + args, runner)
                for i, args in enumerate([pause, pause, ["--exit-after", str(FAULT_AFTER)]])]
     newcomer = None
     try:
         assert workers[2].wait() == 3
-        newcomer = Worker(spec, 2, tmp_path / "newcomer.npz", checkpoints)
+        newcomer = Worker(spec, 2, tmp_path / "newcomer.npz", checkpoints, common, runner)
         code = newcomer.wait()
         for worker in workers[:2]:
             assert worker.wait() == 1, worker.stderr[-3000:]
@@ -204,7 +230,7 @@ def test_a_worker_restarted_alone_into_a_running_group_never_joins_it(tmp_path):
             if worker is not None:
                 worker.kill()
     last = newcomer.stderr.strip().splitlines()[-1]
-    print(f"restarted alone: exit {code} {newcomer.ended - newcomer.began:.1f} s after it started: {last!r}")
+    print(f"{path}: restarted alone: exit {code} {newcomer.ended - newcomer.began:.1f} s after it started: {last!r}")
     assert code == 1 and newcomer.lines == [] and not newcomer.out.exists()
     assert last == ("graphsync: error: worker:2 cannot join a group that is already running: the group leader "
                     "(/job:worker/replica:0/task:0) knows an earlier server of worker:2 (restarted alone?): restart "

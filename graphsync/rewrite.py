@@ -7,7 +7,7 @@ import weakref
 
 import tensorflow as tf
 
-from graphsync import splice, tf_private
+from graphsync import inline, splice, tf_private
 from graphsync.errors import GraphsyncError
 from graphsync.exchange import ProcessGroup, make_exchange
 from graphsync.plan import Plan, digest, fingerprints, make_plan
@@ -48,12 +48,13 @@ def rewrite_towers(graph: tf.Graph | None = None, *, towers=None, device: str | 
 
 
 def _rewrite(graph, towers, device, strategy, group_size, process_group) -> RewriteReport:
-    plan = make_plan(graph, towers, device, strategy=strategy, group_size=group_size,
-                     process_group=process_group)
+    plan, inlined = inline.planned(graph, lambda g: make_plan(g, towers, device, strategy=strategy,
+                                                              group_size=group_size, process_group=process_group))
     report = RewriteReport([t.label for t in plan.towers], plan.device if strategy == "gather" else "",
                            skipped=[SkippedReport(op, why) for op, why in plan.skipped], strategy=strategy,
                            groups=[[plan.towers[i].label for i in g] for g in plan.groups],
-                           process_group=process_group and (process_group.tasks, process_group.index))
+                           process_group=process_group and (process_group.tasks, process_group.index),
+                           inlined=inlined)
     if process_group is not None:
         report.fingerprints = fingerprints(plan)
     exchange = make_exchange(graph, plan.strategy, plan.device, plan.groups, process_group,

@@ -3,8 +3,9 @@ training batch norm, inlined into the main graph before the rewrite: the other m
 ordinary fused op, or the `If` of a tensor training flag, instead of a function body that
 get_operations() cannot list and _update_input cannot reach.
 
-Per call, the body is imported under the call's own name (`tower_0/StatefulPartitionedCall/…`, so
-that its layers pair across towers as the calls do):
+Per call, the body is imported under the call's name (`tower_0/StatefulPartitionedCall_inlined/…`,
+so that its layers pair across towers as the calls do; not `<call>/…`, the names TensorFlow gives
+the call's own body when something still runs the old call):
 
     body arguments   the call's inputs (no op is imported for them)
     body ops         on the call's device; an op that reads or writes a variable through a resource
@@ -22,10 +23,13 @@ inlined too, after the forward, so that its arguments are the forward's inlined 
 gradient `If` (or FusedBatchNormGrad) then reads the forward `If` (or fused op) directly, as it
 would had the model been written without tf.function.
 
-The old calls stay in the graph, read by nothing, so they never run; INLINED_ATTR marks them so
-that they are not looked at again. `planned` rehearses all of it on a copy of the graph first: a
-call that cannot be inlined, or a graph that cannot be planned once inlined, raises with the
-graph untouched.
+The old calls stay in the graph, read by nothing, so they do not run; INLINED_ATTR marks them so
+that they are not looked at again. A tensor held in Python from before the rewrite still names the
+old call's output: fetching it runs the old, unsynchronized body (with its side effects, e.g. a
+tf_keras layer's moving-average updates), as fetching an old batch-norm op's output does.
+
+`planned` rehearses all of it on a copy of the graph first: a call that cannot be inlined, or a
+graph that cannot be planned once inlined, raises with the graph untouched.
 """
 from __future__ import annotations
 
@@ -38,6 +42,7 @@ from graphsync.reroute import reroute_consumers, reroute_control_outputs
 
 CALL_TYPES = ("PartitionedCall", "StatefulPartitionedCall")
 INLINED_ATTR = "_graphsync_inlined"
+INLINED_SUFFIX = "_inlined"   # never the call's own name: TensorFlow inlines a call it runs as `<call>/<node>`
 REMEDY = "call the function's Python code directly (without tf.function) when building the towers"
 _IF_TYPES = ("If", "StatelessIf")
 _HANDLE_PASSING = frozenset(match.FUNCTION_CALL_TYPES) | {"Identity", "Switch", "Merge"}
@@ -107,9 +112,9 @@ def _inline(graph: tf.Graph, call: tf.Operation, library: dict) -> None:
     returned = [fdef.ret[arg.name] for arg in fdef.signature.output_arg]
     elements = [names[ref] for ref in returned if ref not in inputs] + list(fdef.control_ret.values())
     version = graph.version
-    with tf_private.pristine_scope(graph, _placement(call), call.name):
+    with tf_private.pristine_scope(graph, _placement(call), call.name + INLINED_SUFFIX):
         imported = tf.compat.v1.import_graph_def(body, input_map=input_map, return_elements=elements,
-                                                 name=call.name + "/") if elements else []
+                                                 name=call.name + INLINED_SUFFIX + "/") if elements else []
     new_ops = tf_private.ops_added_since(graph, version)
     _wait_for(call.control_inputs, new_ops)
     for op in new_ops:

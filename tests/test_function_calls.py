@@ -26,6 +26,9 @@ TOLERANCE = 2e-5
 UNSYNCED_MIN_ERROR = 1e-3
 INPUT, OUTPUT = (6, 6, 3), (5,)
 SIZES = (3, 5)
+# tests/scripts/train_function.py's data, as test_conditional_run.py's: its first moving mean is near 0
+# (the examples' offsets average out), 4.4e-5 relative there (measured), ≤ 6e-7 everywhere else
+SCRIPT_TOLERANCE = 1e-4
 
 
 def _build(model, batch_sizes, **kw):
@@ -135,12 +138,21 @@ def test_keras_layers_in_one_tf_function_every_tower_calls(gradients):
     assert max(evaluation.values()) == 0.0, evaluation
 
 
-def test_rewriting_twice_changes_nothing():
+def test_rewriting_twice_changes_nothing_and_a_stale_call_output_still_runs():
+    """A second rewrite finds nothing to inline or synchronize. A tensor held from before the
+    rewrite names the old call's output: fetching it runs the old, unsynchronized body (as an old
+    batch-norm output does), and the session survives it (TensorFlow names the body it inlines for
+    the old call `<call>/…`, graphsync's copy `<call>_inlined/…`)."""
     built = _build(_block("flag", True)(), SIZES, rewrite=graphsync.rewrite_towers)
     before = built.graph.as_graph_def()
     report = graphsync.rewrite_towers(built.graph)
     assert not report.changed and not report.inlined and "already synchronized" in report.summary, report
     assert built.graph.as_graph_def() == before
+    stale = built.graph.get_operation_by_name("tower_0/StatefulPartitionedCall").outputs[0]
+    x, _ = _data(SIZES)
+    with tf1.Session(graph=built.graph, config=tl.CONFIG) as sess:
+        sess.run(tf1.global_variables_initializer())
+        assert sess.run(stale, {built.inputs[0]: x[:SIZES[0]]}).shape[0] == SIZES[0]
 
 
 def test_a_graph_that_cannot_be_planned_once_inlined_is_refused_untouched():
@@ -182,9 +194,43 @@ def test_saved_graph_inspect_rewrite_verify(tmp_path):
     inspected = runner.invoke(main, ["inspect", saved])
     assert inspected.exit_code == 0, inspected.output
     assert "tf.function calls a rewrite inlines first (12):" in inspected.output, inspected.output
-    layers = re.findall(r"^  (StatefulPartitionedCall/\S+/cond\S*) +conditional +sync +1$", inspected.output, re.M)
+    layers = re.findall(r"^  (StatefulPartitionedCall_inlined/\S+/cond\S*) +conditional +sync +1$",
+                        inspected.output, re.M)
     assert len(layers) == 2, inspected.output
     rewritten = runner.invoke(main, ["rewrite", saved, "-o", synced])
     assert rewritten.exit_code == 0 and "(conditional; gradients rewritten)" in rewritten.output, rewritten.output
     verified = runner.invoke(main, ["verify", synced, "--original", saved])
     assert verified.exit_code == 0 and "PASS" in verified.output, verified.output
+
+
+def test_graphsync_run_on_an_unchanged_script_whose_towers_call_a_tf_function(tmp_path):
+    """tests/scripts/train_function.py (MonitoredTrainingSession, towers 3 + 5 calling one
+    tf.function with the is_training placeholder, gradients built before the session) under
+    `graphsync run`: the training step and the moving statistics equal one device's, and so does
+    the evaluation pass that reads them; under plain python they do not."""
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = os.path.join(root, "tests", "scripts", "train_function.py")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root] + [p for p in sys.path if p]))
+    runs = {"run": [sys.executable, "-m", "graphsync", "run", script, str(tmp_path / "run")],
+            "python": [sys.executable, script, str(tmp_path / "python")],
+            "one": [sys.executable, script, str(tmp_path / "one"), "--sizes", "8"]}
+    started = {name: subprocess.Popen(args, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True) for name, args in runs.items()}
+    saved, stderr = {}, {}
+    for name, process in started.items():
+        _, stderr[name] = process.communicate(timeout=600)
+        assert process.returncode == 0, (name, stderr[name][-2000:])
+        with np.load(str(tmp_path / name) + ".npz") as arrays:
+            saved[name] = {k: arrays[k] for k in arrays.files}
+
+    def errors(got, want):
+        return {k: tl.max_rel_error(got[k], want[k]) for k in want}
+    synced, unsynced = errors(saved["run"], saved["one"]), errors(saved["python"], saved["one"])
+    assert max(synced.values()) < SCRIPT_TOLERANCE, synced
+    assert max(unsynced.values()) > 100 * SCRIPT_TOLERANCE, unsynced
+    lines = [line for line in stderr["run"].splitlines() if line.startswith("graphsync:")]
+    summary = "graphsync: 2 layers × 2 towers synchronized on /device:CPU:0 (conditional; gradients rewritten)"
+    assert lines == [summary], stderr["run"][-2000:]

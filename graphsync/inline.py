@@ -38,7 +38,7 @@ from tensorflow.core.framework import attr_value_pb2, graph_pb2
 
 from graphsync import match, tf_private
 from graphsync.errors import GraphsyncError
-from graphsync.reroute import reroute_consumers, reroute_control_outputs
+from graphsync.reroute import reroute_control_outputs, reroute_outputs
 
 CALL_TYPES = ("PartitionedCall", "StatefulPartitionedCall")
 INLINED_ATTR = "_graphsync_inlined"
@@ -59,15 +59,15 @@ def planned(graph: tf.Graph, make_plan):
     plan = make_plan(graph)
     if not plan.calls:
         return plan, []
-    _until_planned(_copy(graph), make_plan)
+    _until_planned(_copy(graph), make_plan, differentiable=False)
     return _until_planned(graph, make_plan, plan)
 
 
-def _until_planned(graph: tf.Graph, make_plan, plan=None):
+def _until_planned(graph: tf.Graph, make_plan, plan=None, differentiable=True):
     plan = plan or make_plan(graph)
     inlined = []
     while plan.calls:
-        inlined += inline_calls(graph, [graph.get_operation_by_name(op.name) for op in plan.calls])
+        inlined += inline_calls(graph, [graph.get_operation_by_name(op.name) for op in plan.calls], differentiable)
         plan = make_plan(graph)
     return plan, inlined
 
@@ -83,9 +83,10 @@ def _copy(graph: tf.Graph) -> tf.Graph:
     return copy
 
 
-def inline_calls(graph: tf.Graph, calls: list) -> list[str]:
+def inline_calls(graph: tf.Graph, calls: list, differentiable: bool = True) -> list[str]:
     """Inlines each call and the gradient calls that read it (module docstring); returns the names
-    of the calls inlined, in the order they were."""
+    of the calls inlined, in the order they were. differentiable=False (a rehearsal's copy, never
+    differentiated) skips what only later gradients need: the Ifs' branch graphs."""
     library = tf_private.function_library(graph)
     backward = match.functions_with_batch_norm_gradient(graph)
     inlined = []
@@ -95,7 +96,7 @@ def inline_calls(graph: tf.Graph, calls: list) -> list[str]:
                            key=tf_private.creation_order)
         for op in [call] + gradients:
             try:
-                _inline(graph, op, library)
+                _inline(graph, op, library, differentiable)
             except (ValueError, KeyError, TypeError, tf.errors.OpError) as exc:
                 raise GraphsyncError(f"{op.name} ({op.type}) runs a batch norm inside a tf.function's body, "
                                      f"which graphsync could not inline ({' '.join(str(exc).split())}): "
@@ -104,7 +105,7 @@ def inline_calls(graph: tf.Graph, calls: list) -> list[str]:
     return inlined
 
 
-def _inline(graph: tf.Graph, call: tf.Operation, library: dict) -> None:
+def _inline(graph: tf.Graph, call: tf.Operation, library: dict, differentiable: bool) -> None:
     fdef = library[call.get_attr("f").name]
     graph_def, names = tf_private.function_body(graph, fdef)
     inputs = dict(zip((arg.name for arg in fdef.signature.input_arg), call.inputs))
@@ -117,13 +118,12 @@ def _inline(graph: tf.Graph, call: tf.Operation, library: dict) -> None:
                                                  name=call.name + INLINED_SUFFIX + "/") if elements else []
     new_ops = tf_private.ops_added_since(graph, version)
     _wait_for(call.control_inputs, new_ops)
-    for op in new_ops:
+    for op in new_ops if differentiable else []:
         if op.type in _IF_TYPES:
             tf_private.cache_branch_graphs(op)
     found = iter(imported)
     outputs = [inputs[ref] if ref in inputs else next(found) for ref in returned]
-    for old, new in zip(call.outputs, outputs):
-        reroute_consumers(old, new)
+    reroute_outputs(call, outputs)
     reroute_control_outputs(call, list({t.op: None for t in outputs if t.op in new_ops}) + list(found))
     tf_private.set_attr(call, INLINED_ATTR, attr_value_pb2.AttrValue(b=True))
 

@@ -136,6 +136,9 @@ def test_keras_layers_in_one_tf_function_every_tower_calls(gradients):
     assert min(unsynced.values()) > UNSYNCED_MIN_ERROR, unsynced
     evaluation = _errors(_step(built, SIZES, False), original_false, keys)
     assert max(evaluation.values()) == 0.0, evaluation
+    old_calls = [op.name for op in built.graph.get_operations() if "_graphsync_inlined" in op.node_def.attr]
+    ran = tl.executed_nodes(built, list(SIZES))   # nothing of an old call runs (its body would update again)
+    assert old_calls and not [n for n in ran if any(n == c or n.startswith(c + "/") for c in old_calls)]
 
 
 def test_rewriting_twice_changes_nothing_and_a_stale_call_output_still_runs():

@@ -59,15 +59,15 @@ def planned(graph: tf.Graph, make_plan):
     plan = make_plan(graph)
     if not plan.calls:
         return plan, []
-    _until_planned(_copy(graph), make_plan, differentiable=False)
+    _until_planned(_copy(graph), make_plan)   # every step the real run takes, so none of them fails there
     return _until_planned(graph, make_plan, plan)
 
 
-def _until_planned(graph: tf.Graph, make_plan, plan=None, differentiable=True):
+def _until_planned(graph: tf.Graph, make_plan, plan=None):
     plan = plan or make_plan(graph)
     inlined = []
     while plan.calls:
-        inlined += inline_calls(graph, [graph.get_operation_by_name(op.name) for op in plan.calls], differentiable)
+        inlined += inline_calls(graph, [graph.get_operation_by_name(op.name) for op in plan.calls])
         plan = make_plan(graph)
     return plan, inlined
 
@@ -83,10 +83,9 @@ def _copy(graph: tf.Graph) -> tf.Graph:
     return copy
 
 
-def inline_calls(graph: tf.Graph, calls: list, differentiable: bool = True) -> list[str]:
+def inline_calls(graph: tf.Graph, calls: list) -> list[str]:
     """Inlines each call and the gradient calls that read it (module docstring); returns the names
-    of the calls inlined, in the order they were. differentiable=False (a rehearsal's copy, never
-    differentiated) skips what only later gradients need: the Ifs' branch graphs."""
+    of the calls inlined, in the order they were."""
     library = tf_private.function_library(graph)
     backward = match.functions_with_batch_norm_gradient(graph)
     inlined = []
@@ -96,7 +95,7 @@ def inline_calls(graph: tf.Graph, calls: list, differentiable: bool = True) -> l
                            key=tf_private.creation_order)
         for op in [call] + gradients:
             try:
-                _inline(graph, op, library, differentiable)
+                _inline(graph, op, library, forward=op is call)
             except (ValueError, KeyError, TypeError, tf.errors.OpError) as exc:
                 raise GraphsyncError(f"{op.name} ({op.type}) runs a batch norm inside a tf.function's body, "
                                      f"which graphsync could not inline ({' '.join(str(exc).split())}): "
@@ -105,7 +104,11 @@ def inline_calls(graph: tf.Graph, calls: list, differentiable: bool = True) -> l
     return inlined
 
 
-def _inline(graph: tf.Graph, call: tf.Operation, library: dict, differentiable: bool) -> None:
+def _inline(graph: tf.Graph, call: tf.Operation, library: dict, forward: bool) -> None:
+    """One call (module docstring). The Ifs of a forward body get their branch graphs cached for
+    gradients built later (tf_private.cache_branch_graphs); a backward body's are left to be
+    rebuilt if ever differentiated again (a second-order gradient), which is rare and costs 2 ms
+    an If."""
     fdef = library[call.get_attr("f").name]
     graph_def, names = tf_private.function_body(graph, fdef)
     inputs = dict(zip((arg.name for arg in fdef.signature.input_arg), call.inputs))
@@ -118,7 +121,7 @@ def _inline(graph: tf.Graph, call: tf.Operation, library: dict, differentiable: 
                                                  name=call.name + INLINED_SUFFIX + "/") if elements else []
     new_ops = tf_private.ops_added_since(graph, version)
     _wait_for(call.control_inputs, new_ops)
-    for op in new_ops if differentiable else []:
+    for op in new_ops if forward else []:
         if op.type in _IF_TYPES:
             tf_private.cache_branch_graphs(op)
     found = iter(imported)

@@ -37,6 +37,9 @@ def rewrite_towers(graph: tf.Graph | None = None, *, towers=None, device: str | 
              experimental.collective_group_leader. Workers whose layers differ never pair up
              (their collectives time out after `timeout` seconds, when set).
 
+    Batch norm inside tf.function calls in the towers is inlined first (graphsync/inline.py; the
+    report lists the calls), gradient calls included, after a rehearsal on a copy of the graph.
+
     Raises GraphsyncError, leaving the graph untouched, when the graph cannot be rewritten.
     """
     graph = graph if graph is not None else tf.compat.v1.get_default_graph()

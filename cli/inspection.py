@@ -33,15 +33,17 @@ def inspect(input_path, towers, device, strategy, group_size, tags, as_json, ver
     shell.check_device(device)
     with shell.library_errors(), shell.shown_warnings(False, verbose):
         loaded = graphsync.io.load(input_path, tags)
-        plan = graphsync.plan.make_plan(loaded.graph, towers, device, strategy=strategy, group_size=group_size)
-    info = _inspection(loaded, plan)
+        n_ops = len(loaded.graph.get_operations())
+        plan, inlined = graphsync.inline.planned(loaded.graph, lambda graph: graphsync.plan.make_plan(
+            graph, towers, device, strategy=strategy, group_size=group_size))   # inlines in the loaded copy only
+    info = _inspection(loaded, plan, n_ops, inlined)
     if as_json:
         click.echo(json.dumps(info, indent=2))
     else:
         click.echo(_format_inspection(info, verbose))
 
 
-def _inspection(loaded, plan) -> dict:
+def _inspection(loaded, plan, n_ops: int, inlined: list) -> dict:
     """What `inspect` shows, as plain data."""
     devices = _tower_devices(loaded.graph, plan)
     layers = []
@@ -69,7 +71,7 @@ def _inspection(loaded, plan) -> dict:
                  else f"gradients present for {with_grads} of {n_layers} layers")
         summary = f"{n_layers} layer{'s' * (n_layers != 1)} × {n_towers} towers, {grads}"
     return {"input": loaded.path, "format": loaded.format, "tags": list(loaded.tags),
-            "ops": len(loaded.graph.get_operations()),
+            "ops": n_ops, "inlined": inlined,
             "towers": [{"name": t.label, "prefix": t.prefix, "device": devices.get(t.label, "")}
                        for t in plan.towers],
             "towers_found_by": plan.found_by,
@@ -120,6 +122,11 @@ def _format_inspection(info: dict, verbose: bool) -> str:
             if verbose:
                 for site in layer["sites"]:
                     lines.append(f"      {site['tower']:<10} {site['op']}  {site['device']}")
+    if info["inlined"]:
+        lines.append(f"tf.function calls a rewrite inlines first ({len(info['inlined'])}):")
+        lines.extend(f"  {name}" for name in (info["inlined"] if verbose else info["inlined"][:3]))
+        if len(info["inlined"]) > 3 and not verbose:
+            lines.append(f"  … {len(info['inlined']) - 3} more (-v lists them)")
     if info["skipped"]:
         lines.append(f"left alone ({len(info['skipped'])}):")
         for s in info["skipped"]:

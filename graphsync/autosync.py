@@ -136,11 +136,13 @@ class AutoSync:
             plan = _plan(graph, self._synchronized[graph])
         except GraphsyncError:
             return   # half built (a layer in some towers only): looked at again at the next run once it grew
-        if plan.layers:
+        if plan.layers or plan.calls:
             del self._synchronized[graph]   # said once
-            count = f"{len(plan.layers)} batch-norm layer{'s' if len(plan.layers) > 1 else ''}"
+            count = f"{len(plan.layers)} batch-norm layer{'s' if len(plan.layers) > 1 else ''}" if plan.layers \
+                else f"{len(plan.calls)} tf.function call{'s' if len(plan.calls) > 1 else ''} running batch norm"
+            first = plan.layers[0].sites[0].op.name if plan.layers else plan.calls[0].name
             self.failed(graph, f"graph {self._numbers[graph]}: {count} added to its towers after it was "
-                               f"synchronized (first: {plan.layers[0].sites[0].op.name}) would run unsynchronized: "
+                               f"synchronized (first: {first}) would run unsynchronized: "
                                "build the whole model before its first session or run, or call "
                                "graphsync.rewrite_towers() after its last layer")
 
@@ -150,7 +152,7 @@ class AutoSync:
             return   # the usual case: no open session has run this graph yet, nothing to plan twice
         from graphsync.errors import GraphsyncError
         plan = _plan(graph, options)
-        op = self._copies.first_held(graph, [site.op for layer in plan.layers for site in layer.sites])
+        op = self._copies.first_held(graph, [site.op for layer in plan.layers for site in layer.sites] + plan.calls)
         if op is not None:
             raise GraphsyncError(
                 f"graph {number}: {op.name} was part of a Session.run before the other towers were built, "

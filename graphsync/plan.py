@@ -11,7 +11,7 @@ import hashlib
 
 import tensorflow as tf
 
-from graphsync import match, order, shapes, shared_tasks, tf_private, tower_names, tower_structure
+from graphsync import inline, match, order, shapes, shared_tasks, tf_private, tower_names, tower_structure
 from graphsync.errors import GraphsyncError, NoTowersError
 from graphsync.stats import Layout
 from graphsync.towers import ROOT, Tower, conventional_families, find_towers, known_convention, tower_of
@@ -87,6 +87,7 @@ class Plan:
     groups: list = dataclasses.field(default_factory=list)   # tower indices per sync group
     process_group: object = None
     found_by: str = ""     # how the towers were found: "known name", "structure: gpu_%d", "towers= option"
+    calls: list = dataclasses.field(default_factory=list)   # tower tf.function calls to inline first (inline.py)
 
     @property
     def kept_per_tower(self) -> list[tuple[str, str]]:
@@ -156,7 +157,13 @@ def _match_and_pair(graph: tf.Graph, towers, device, process_group) -> Plan:
         by_structure = tower_structure.discover(graph, live)
         if by_structure is not None:
             found_towers, found_by, left_out = by_structure.towers, by_structure.how, by_structure.left_out
-    _reject_hidden(hidden, [t for t in found_towers if explicit or t.prefix != ROOT])
+    in_towers = [t for t in found_towers if explicit or t.prefix != ROOT]
+    if not found_towers and process_group is not None:
+        in_towers = find_towers([], [ROOT])   # one replica per worker graph: the whole graph
+    calls = [op for op in hidden if op.type in inline.CALL_TYPES and tower_of(op.name, in_towers) is not None]
+    _reject_hidden([op for op in hidden if op not in calls], in_towers)
+    if calls and (len(in_towers) > 1 or process_group is not None):   # planned once inlined (inline.py)
+        return Plan(found_towers, device or "", [], skipped, found_by=found_by, calls=calls)
     if not live:
         return Plan(found_towers, device or "", [], skipped, found_by=found_by)
     if not found_towers and process_group is not None:
@@ -219,32 +226,27 @@ def _drop_unpaired_root(towers, by_layer, explicit):
     return [Tower(i, t.prefix) for i, t in enumerate(towers[1:])]
 
 
-_FUNCTION_CALLS = ("PartitionedCall", "StatefulPartitionedCall")   # tf.function calls: no control flow v1 form
-
-
 def _calls_hiding_batch_norm(graph: tf.Graph) -> list:
     """The If/While/call ops whose function bodies run a training batch norm (a tensor-valued
-    `training` flag under control flow v2), where get_operations() cannot see it."""
+    `training` flag under control flow v2, a tf.function), where get_operations() cannot see it;
+    calls graphsync inlined are no longer run."""
     tainted = match.functions_with_training_batch_norm(graph)
     if not tainted:
         return []
     return [op for op in graph.get_operations()
-            if op.type in match.FUNCTION_CALL_TYPES and match.called_functions(op) & tainted]
+            if op.type in match.FUNCTION_CALL_TYPES and match.called_functions(op) & tainted
+            and not inline.is_inlined(op)]
 
 
-def _reject_hidden(calls, towers):
-    """Refuses loudly when such a hidden batch norm would run inside a tower."""
-    for op in calls:
-        if tower_of(op.name, towers) is None:
-            continue
-        if op.type in _FUNCTION_CALLS:
-            where, remedy = "a tf.function's body", ("call the function's Python code directly (without "
-                                                     "tf.function) when building the towers")
-        else:
-            where, remedy = "a function body", ("pass training=True as a Python bool, or call "
-                                                "tf.compat.v1.disable_control_flow_v2() before building the model")
-        raise GraphsyncError(f"{op.name} ({op.type}) runs a batch norm inside {where}, which graphsync cannot "
-                             f"rewrite: {remedy}")
+def _reject_hidden(ops, towers):
+    """Refuses loudly when such a hidden batch norm (not a tf.function call: those are inlined)
+    would run inside a tower."""
+    for op in ops:
+        if tower_of(op.name, towers) is not None:
+            raise GraphsyncError(
+                f"{op.name} ({op.type}) runs a batch norm inside a function body, which graphsync cannot "
+                "rewrite: pass training=True as a Python bool, or call "
+                "tf.compat.v1.disable_control_flow_v2() before building the model")
 
 
 def _layer_plan(name: str, per_tower, scopes) -> LayerPlan:

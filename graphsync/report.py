@@ -32,6 +32,7 @@ class RewriteReport:
     groups: list = dataclasses.field(default_factory=list)
     process_group: tuple | None = None
     fingerprints: list = dataclasses.field(default_factory=list)   # per layer, between-graph only
+    inlined: list = dataclasses.field(default_factory=list)   # tf.function calls inlined first (graphsync/inline.py)
 
     @property
     def where(self) -> str:
@@ -63,7 +64,7 @@ class RewriteReport:
     def to_dict(self) -> dict:
         return {"summary": self.summary, "towers": self.towers, "device": self.device,
                 "strategy": self.strategy, "groups": self.groups, "process_group": self.process_group,
-                "fingerprints": self.fingerprints,
+                "fingerprints": self.fingerprints, "inlined": self.inlined,
                 "layers": [dataclasses.asdict(l) for l in self.layers],
                 "skipped": [dataclasses.asdict(s) for s in self.skipped],
                 "edges_moved": self.edges_moved, "grad_ops_replaced": self.grad_ops_replaced}
@@ -76,6 +77,10 @@ class RewriteReport:
             lines.append(f"  {'layer':<{width}}  {'kind':<{kinds}}  backward   towers")
             for l in self.layers:
                 lines.append(f"  {l.name:<{width}}  {l.kind:<{kinds}}  {l.backward:<9}  {len(l.tower_ops)}")
+        if self.inlined:
+            shown = ", ".join(self.inlined[:3]) + (", …" if len(self.inlined) > 3 else "")
+            calls = f"{len(self.inlined)} tf.function call{'s' * (len(self.inlined) != 1)}"
+            lines.append(f"  inlined {calls} first: {shown}")
         for s in self.skipped:
             lines.append(f"  skipped {s.op}: {s.reason}")
         return "\n".join(lines)

@@ -8,7 +8,7 @@ import weakref
 
 import tensorflow as tf
 
-from graphsync import ref_races, splice, tf_private
+from graphsync import inline, ref_races, splice, tf_private
 from graphsync.errors import GraphsyncError, GraphsyncWarning
 from graphsync.exchange import ProcessGroup, make_exchange
 from graphsync.plan import Plan, digest, fingerprints, make_plan
@@ -40,6 +40,9 @@ def rewrite_towers(graph: tf.Graph | None = None, *, towers=None, device: str | 
              ProcessGroup(…, heartbeat=SECONDS) the graph's steps are watched: a lost worker ends
              this process with status 1 and one line naming it (graphsync.watched_steps).
 
+    Batch norm inside tf.function calls in the towers is inlined first (graphsync/inline.py; the
+    report lists the calls), gradient calls included, after a rehearsal on a copy of the graph.
+
     Raises GraphsyncError, leaving the graph untouched, when the graph cannot be rewritten.
     """
     graph = graph if graph is not None else tf.compat.v1.get_default_graph()
@@ -51,12 +54,13 @@ def rewrite_towers(graph: tf.Graph | None = None, *, towers=None, device: str | 
 
 
 def _rewrite(graph, towers, device, strategy, group_size, process_group) -> RewriteReport:
-    plan = make_plan(graph, towers, device, strategy=strategy, group_size=group_size,
-                     process_group=process_group)
+    plan, inlined = inline.planned(graph, lambda g: make_plan(g, towers, device, strategy=strategy,
+                                                              group_size=group_size, process_group=process_group))
     report = RewriteReport([t.label for t in plan.towers], plan.device if strategy == "gather" else "",
                            skipped=[SkippedReport(op, why) for op, why in plan.skipped], strategy=strategy,
                            groups=[[plan.towers[i].label for i in g] for g in plan.groups],
-                           process_group=process_group and (process_group.tasks, process_group.index))
+                           process_group=process_group and (process_group.tasks, process_group.index),
+                           inlined=inlined)
     if process_group is not None:
         report.fingerprints = fingerprints(plan)
     exchange = make_exchange(graph, plan.strategy, plan.device, plan.groups, process_group,

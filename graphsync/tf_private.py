@@ -60,6 +60,40 @@ def function_library(graph: tf.Graph) -> dict:
             for name, fn in graph._functions.items()}  # pylint: disable=protected-access
 
 
+def function_body(graph: tf.Graph, fdef):
+    """A FunctionDef of `graph` as a GraphDef (one Placeholder per argument, named after it), and
+    the map from the FunctionDef's tensor names ('node:out_arg:k', '^node', argument names) to the
+    GraphDef's. The functions it calls are looked up in the default graph: `graph` here."""
+    from tensorflow.python.framework import function_def_to_graph  # pylint: disable=import-outside-toplevel
+    with graph.as_default():
+        return function_def_to_graph.function_def_to_graph_def(fdef)
+
+
+def cache_branch_graphs(op: tf.Operation) -> None:
+    """Builds an If's branch FuncGraphs outside any context and caches them where cond_v2 looks
+    first (`_true_graph`, `_false_graph`, as cond_v2 leaves them on the Ifs it builds). An If that
+    was imported has none: its gradient would rebuild them inside tf.gradients' colocation with
+    the If, which pins every branch op to the If's device, variable reads too (a placement error
+    when the variable lives on another device)."""
+    from tensorflow.python.ops import control_flow_util_v2  # pylint: disable=import-outside-toplevel
+    shapes = [t.shape for t in op.inputs[1:]]
+    with op.graph.as_default(), op.graph.device(None), op.graph.colocate_with(None, ignore_existing=True), \
+            op.graph.control_dependencies(None):
+        for key, cached in (("then_branch", "_true_graph"), ("else_branch", "_false_graph")):
+            if getattr(op, cached, None) is None:
+                setattr(op, cached, control_flow_util_v2.get_func_graph(op, shapes, op.get_attr(key).name))
+
+
+def add_control_inputs(op: tf.Operation, ops: list) -> None:
+    """Adds control edges from each op in `ops` to `op` (an op already created)."""
+    op._add_control_inputs(ops)  # pylint: disable=protected-access
+
+
+def set_attr(op: tf.Operation, name: str, value: attr_value_pb2.AttrValue) -> None:
+    """Sets (or replaces) one attribute of an op already created."""
+    op._set_attr(name, value)  # pylint: disable=protected-access
+
+
 @contextlib.contextmanager
 def pristine_scope(graph: tf.Graph, device: str | None, name_scope: str):
     """Creates ops outside any device, colocation, control-dependency or control-flow context the

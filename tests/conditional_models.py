@@ -117,3 +117,94 @@ def _functional(tf_keras, shape, depth):
                 tf_keras.layers.ReLU()(h))
         h = tf_keras.layers.GlobalAveragePooling2D()(h)
         return tf_keras.Model(inputs, tf_keras.layers.Dense(5, kernel_initializer=init)(h))
+
+
+
+def function_block(training="flag", nested=False, depth=2):
+    """Batch norms inside a tf.function `block` that every tower calls in graph mode (a
+    StatefulPartitionedCall whose body TensorFlow hides from get_operations()), one tf.function per
+    tower as a tower loop builds them:
+
+        stem conv → block(h, training) → head,  block = (fused batch norm → relu → conv) × depth
+
+    training="flag": each batch norm is a tf.cond on the is_training placeholder, passed to the
+    block as an argument (an If inside the call's body); "python": the Python bool True (the fused
+    op directly in the body). nested=True: each batch norm is a tf.function of its own that the block
+    calls (calls inside a call). The block returns the batch statistics and tower 0 updates the
+    moving averages from them, as raw_fused_bn does (updates inside the block would run in every
+    tower)."""
+    def variables(i):
+        with tf1.variable_scope(f"bn{i}"):
+            return (tf1.get_variable("gamma", [4], initializer=tf1.random_uniform_initializer(0.5, 1.5, seed=i)),
+                    tf1.get_variable("beta", [4], initializer=tf1.random_uniform_initializer(-0.5, 0.5, seed=i + 2)),
+                    tf1.get_variable("moving_mean", [4], initializer=tf1.zeros_initializer(), trainable=False),
+                    tf1.get_variable("moving_variance", [4], initializer=tf1.ones_initializer(), trainable=False))
+
+    def batch_norm(x, on, gamma, beta, moving_mean, moving_variance):
+        def train():
+            return tf1.nn.fused_batch_norm(x, gamma, beta, epsilon=1e-3, is_training=True)
+
+        def infer():
+            return tf1.nn.fused_batch_norm(x, gamma, beta, moving_mean, moving_variance, epsilon=1e-3,
+                                           is_training=False)
+        return train() if on is True else tf.cond(on, train, infer)
+
+    def model(x):
+        params = [variables(i) for i in range(depth)]
+        kernels = [tf1.get_variable(f"conv{i}/w", [3, 3, 4, 4], tf.float32, tf1.glorot_uniform_initializer(seed=i))
+                   for i in range(depth)]
+        norm = tf.function(batch_norm) if nested else batch_norm
+
+        @tf.function
+        def block(h, on):
+            statistics = []
+            for i in range(depth):
+                h, mean, variance = norm(h, on, *params[i])
+                statistics += [mean, variance]
+                h = tf.nn.conv2d(tf.nn.relu(h), kernels[i], 1, "SAME")
+            return h, statistics
+
+        h, statistics = block(models._conv(x, 4, "stem"), True if training == "python" else is_training(x.graph))
+        updates = []
+        for (_, _, moving_mean, moving_variance), mean, variance in zip(params, statistics[::2], statistics[1::2]):
+            updates += [moving_mean.assign(moving_mean * 0.9 + mean * 0.1),
+                        moving_variance.assign(moving_variance * 0.9 + variance * 0.1)]
+        return models._head(h), updates
+    model.flag = is_training
+    return model
+
+
+def keras_function_block(depth=2):
+    """tf_keras layers built once per graph, the batch norms called with training=is_training inside
+    one tf.function that every tower calls (an If inside each tower's StatefulPartitionedCall). Keras
+    updates the moving averages inside the call, so every tower updates them (from the same global
+    statistics once synchronized): compare them with care."""
+    import tf_keras
+    per_graph = {}
+
+    def model(x):
+        if x.graph not in per_graph:
+            init = tf_keras.initializers.GlorotUniform(seed=1)
+            layers = {"stem": tf_keras.layers.Conv2D(4, 3, padding="same", use_bias=False, kernel_initializer=init),
+                      "head": tf_keras.layers.Dense(5, kernel_initializer=init)}
+            layers["stem"].build(x.shape)
+            layers["head"].build((None, 4))
+            for i in range(depth):
+                layers[f"bn{i}"] = tf_keras.layers.BatchNormalization(
+                    gamma_initializer=tf_keras.initializers.RandomUniform(0.5, 1.5, seed=i))
+                layers[f"conv{i}"] = tf_keras.layers.Conv2D(4, 3, padding="same", use_bias=False,
+                                                             kernel_initializer=init)
+                layers[f"bn{i}"].build((None,) + tuple(x.shape[1:3]) + (4,))
+                layers[f"conv{i}"].build((None,) + tuple(x.shape[1:3]) + (4,))
+
+            @tf.function
+            def block(h, training):
+                for i in range(depth):
+                    h = layers[f"conv{i}"](tf.nn.relu(layers[f"bn{i}"](h, training=training)))
+                return h
+            per_graph[x.graph] = layers, block
+        layers, block = per_graph[x.graph]
+        h = block(layers["stem"](x), is_training(x.graph))
+        return layers["head"](tf.reduce_mean(h, [1, 2])), []
+    model.flag = is_training
+    return model

@@ -303,32 +303,3 @@ def test_between_graph_workers_behind_a_flag(tmp_path):
                      for k in ("eval_output", "eval_loss"))
     assert evaluation == 0.0, evaluation
 
-
-@pytest.mark.parametrize("gradients", ["before", "after"])
-def test_a_conditional_batch_norm_inside_a_tf_function_is_refused_in_one_line(gradients):
-    """A tf.function-wrapped block called in graph mode hides its tf.cond and batch norm in a
-    PartitionedCall's body: refused with one line that names the call and a remedy that works
-    (control flow v1 does not un-hide a tf.function), the graph left as it was."""
-    import tf_keras
-    layers = {}
-
-    def model(x):
-        if not layers:
-            layers["bn"] = tf_keras.layers.BatchNormalization()
-            layers["bn"].build(x.shape)
-
-        @tf.function
-        def block(h, training):
-            return layers["bn"](h, training=training)
-        return tf.reduce_mean(block(x, cm.is_training(x.graph)), [1, 2]), []
-
-    graphs = []
-    with pytest.raises(graphsync.GraphsyncError) as refused:
-        tl.build(model, [2, 3], input_shape=INPUT, gradients=gradients,
-                 rewrite=lambda g: graphs.append((g, g.as_graph_def())) or graphsync.rewrite_towers(g))
-    message = str(refused.value)
-    assert "\n" not in message and message.startswith("tower_0/StatefulPartitionedCall (StatefulPartitionedCall) "
-                                                      "runs a batch norm inside a tf.function's body"), message
-    assert "without tf.function" in message and "disable_control_flow_v2" not in message, message
-    (graph, before), = graphs
-    assert graph.as_graph_def() == before

@@ -210,3 +210,51 @@ def test_worker_incarnations_asks_a_server_through_tensorflows_get_status_rpc():
     started = time.monotonic()
     assert tf_private.worker_incarnations(spec["ps"][0], 5) is None   # nothing listens there
     assert time.monotonic() - started < 5
+
+
+def test_function_body_attrs_and_control_inputs_of_a_created_op():
+    """function_body gives a FunctionDef as a GraphDef with its tensor-name map; set_attr and
+    add_control_inputs edit an op already created."""
+    from tensorflow.core.framework import attr_value_pb2
+    graph = tf.Graph()
+    with graph.as_default():
+        y = tf.function(lambda a: a * 2.0, autograph=False)(tf.constant(1.0))
+        first, second = tf.no_op(name="first"), tf.no_op(name="second")
+    graph_def, names = tf_private.function_body(graph, tf_private.function_library(graph)[y.op.get_attr("f").name])
+    assert {node.op for node in graph_def.node} >= {"Placeholder", "Mul"} and names["mul:z:0"] == "mul:0"
+    tf_private.set_attr(first, "_graphsync_mark", attr_value_pb2.AttrValue(b=True))
+    tf_private.add_control_inputs(second, [first])
+    assert first.get_attr("_graphsync_mark") is True and second.control_inputs == [first]
+
+
+def test_cache_branch_graphs_is_where_cond_v2_looks_for_an_imported_ifs_branches():
+    """An imported If carries no branch FuncGraphs; once cached, its gradient reads them (a
+    gradient that rebuilt them inside tf.gradients' colocation would pin the variable read to
+    the If's device: a placement error)."""
+    source = tf.Graph()
+    with source.as_default(), tf.device("/cpu:0"):
+        flag = tf1.placeholder_with_default(True, [], name="flag")
+        variable = tf1.get_variable("v", [], initializer=tf1.ones_initializer())
+        x = tf1.placeholder_with_default(3.0, [], name="x")
+    graph = tf.Graph()
+    with graph.as_default():
+        tf1.import_graph_def(source.as_graph_def(), name="")
+        with tf.device("/cpu:0"):
+            flag, x = graph.get_tensor_by_name("flag:0"), graph.get_tensor_by_name("x:0")
+            handle = graph.get_tensor_by_name("v:0")
+        with tf.device("/cpu:1"):
+            y = tf.cond(flag, lambda: x * tf.raw_ops.ReadVariableOp(resource=handle, dtype=tf.float32),
+                        lambda: x)
+        exported = graph.as_graph_def()
+    copy = tf.Graph()
+    with copy.as_default():
+        tf1.import_graph_def(exported, name="")
+        cond = copy.get_tensor_by_name(y.name).op.inputs[0].op
+        assert cond.type in ("If", "StatelessIf") and getattr(cond, "_true_graph", None) is None
+        tf_private.cache_branch_graphs(cond)
+        assert cond._true_graph is not None and cond._false_graph is not None
+        with tf.device("/cpu:1"):
+            dx, = tf.gradients(copy.get_tensor_by_name(y.name), [copy.get_tensor_by_name("x:0")])
+        with tf1.Session(graph=copy, config=tf1.ConfigProto(device_count={"CPU": 2})) as sess:
+            sess.run(copy.get_operation_by_name("v/Assign"))
+            assert sess.run(dx) == 1.0

@@ -9,12 +9,25 @@ from graphsync.match.fused import FUSED_TYPES
 
 FUNCTION_CALL_TYPES = ("If", "StatelessIf", "While", "StatelessWhile", "Case", "StatelessCase",
                        "PartitionedCall", "StatefulPartitionedCall")
+GRADIENT_TYPES = ("FusedBatchNormGrad", "FusedBatchNormGradV2", "FusedBatchNormGradV3")
 STARTS = FUNCTION_CALL_TYPES   # the op types that may hide a batch norm (see match.starting_types)
 
 
 def functions_with_training_batch_norm(graph: tf.Graph) -> set[str]:
     """Names of the graph's functions that contain (directly or through nested calls) a fused
     batch norm in training mode: the bodies TensorFlow's control flow v2 hides them in."""
+    return _functions_containing(graph, lambda node: node.op in FUSED_TYPES and node.attr["is_training"].b)
+
+
+def functions_with_batch_norm_gradient(graph: tf.Graph) -> set[str]:
+    """Names of the graph's functions that contain (directly or through nested calls) a fused
+    batch norm's gradient: the backward functions of tf.function calls that run a batch norm."""
+    return _functions_containing(graph, lambda node: node.op in GRADIENT_TYPES)
+
+
+def _functions_containing(graph: tf.Graph, wanted) -> set[str]:
+    """Names of the functions with a node for which `wanted(node)` holds, directly or in a function
+    they call."""
     library = tf_private.function_library(graph)
     if not library:
         return set()
@@ -23,7 +36,7 @@ def functions_with_training_batch_norm(graph: tf.Graph) -> set[str]:
     for name, fdef in library.items():
         callees = set()
         for node in fdef.node_def:
-            if node.op in FUSED_TYPES and node.attr["is_training"].b:
+            if wanted(node):
                 direct.add(name)
             callees |= {value.func.name for value in node.attr.values() if value.func.name}
             if node.op in library:

@@ -151,7 +151,8 @@ def _match_and_pair(graph: tf.Graph, towers, device, process_group) -> Plan:
     explicit = towers is not None
     understood = {c.op for c in candidates if c.kind == "conditional" and c.parts}   # see match/conditional.py
     hidden = [op for op in _calls_hiding_batch_norm(graph) if op not in understood]
-    found_towers = find_towers([c.name for c in candidates] + [op.name for op in hidden], towers)
+    unfused = [op for op in _calls_hiding_batch_moments(graph) if op not in hidden]
+    found_towers = find_towers([c.name for c in candidates] + [op.name for op in hidden + unfused], towers)
     found_by, left_out = ("towers= option" if explicit else known_convention(found_towers)) if found_towers else "", []
     if not explicit and live and not _known_names_suffice(found_towers, live):
         by_structure = tower_structure.discover(graph, live)
@@ -162,6 +163,8 @@ def _match_and_pair(graph: tf.Graph, towers, device, process_group) -> Plan:
         in_towers = find_towers([], [ROOT])   # one replica per worker graph: the whole graph
     calls = [op for op in hidden if op.type in inline.CALL_TYPES and tower_of(op.name, in_towers) is not None]
     _reject_hidden([op for op in hidden if op not in calls], in_towers)
+    if len(in_towers) > 1 or process_group is not None:
+        _reject_unfused_in_calls(unfused, in_towers)
     if calls and (len(in_towers) > 1 or process_group is not None):   # planned once inlined (inline.py)
         return Plan(found_towers, device or "", [], skipped, found_by=found_by, calls=calls)
     if not live:
@@ -247,6 +250,27 @@ def _reject_hidden(ops, towers):
                 f"{op.name} ({op.type}) runs a batch norm inside a function body, which graphsync cannot "
                 "rewrite: pass training=True as a Python bool, or call "
                 "tf.compat.v1.disable_control_flow_v2() before building the model")
+
+
+def _calls_hiding_batch_moments(graph: tf.Graph) -> list:
+    """The tf.function calls whose bodies compute batch moments the unfused way (tf.nn.moments)."""
+    tainted = match.functions_with_batch_moments(graph)
+    if not tainted:
+        return []
+    return [op for op in graph.get_operations()
+            if op.type in inline.CALL_TYPES and match.called_functions(op) & tainted and not inline.is_inlined(op)]
+
+
+def _reject_unfused_in_calls(calls: list, towers) -> None:
+    """Refuses a tower's tf.function call whose body computes batch moments the unfused way and
+    holds no fused batch norm to inline the call for: its gradient, when already built, is another
+    call that sums nothing across towers, so inlining the forward alone would train wrong, and
+    leaving it would train per tower in silence."""
+    for op in calls:
+        if tower_of(op.name, towers) is not None:
+            raise GraphsyncError(
+                f"{op.name} ({op.type}) computes batch statistics (tf.nn.moments, an unfused batch norm) inside "
+                f"a tf.function, which graphsync cannot synchronize there: {inline.REMEDY}, or use fused batch norm")
 
 
 def _layer_plan(name: str, per_tower, scopes) -> LayerPlan:

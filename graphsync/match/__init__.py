@@ -35,13 +35,14 @@ from graphsync.match.fused import (FUSED_TYPES, GRAPHSYNC_GRADIENTS, fused_gradi
                                    is_training, made_by_graphsync)
 from graphsync.match.gradients import (SHAPE_TYPES, entry_readers, gradient_entry, gradient_scopes,
                                        passed_through_entry)
-from graphsync.match.hidden import (FUNCTION_CALL_TYPES, called_functions, functions_with_batch_norm_gradient,
-                                    functions_with_training_batch_norm)
+from graphsync.match.hidden import (FUNCTION_CALL_TYPES, called_functions, functions_with_batch_moments,
+                                    functions_with_batch_norm_gradient, functions_with_training_batch_norm)
 
 FORMS = (fused, moments, handwritten, sufficient, weighted, conditional)
 
 __all__ = ["Candidate", "PerTower", "FORMS", "FUNCTION_CALL_TYPES", "FUSED_TYPES", "GRAPHSYNC_GRADIENTS", "SHAPE_TYPES",
-           "called_functions", "candidates", "entry_readers", "functions_with_batch_norm_gradient",
+           "called_functions", "candidates", "entry_readers", "functions_with_batch_moments",
+           "functions_with_batch_norm_gradient",
            "functions_with_training_batch_norm",
            "fused_gradient_ops", "gradient_entry", "gradient_scopes", "is_live", "is_training",
            "made_by_graphsync", "passed_through_entry", "starting_types"]

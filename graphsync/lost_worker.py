@@ -20,6 +20,7 @@ it at the failed or refused step itself (graphsync.watched_steps, stop_at_step).
 """
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import threading
@@ -142,8 +143,19 @@ class LostWorkerGuard:
         sys.stdout.flush()
         if self._say_lost():
             _end_within(CANCEL_GRACE)
+            atexit.register(_end_before_teardown)
             raise SystemExit(1)
         threading.Event().wait()   # the heartbeat's thread is ending the process
+
+
+def _end_before_teardown() -> None:
+    """Status 1 once the script has unwound (its `finally` blocks and the atexit handlers it
+    registered later than this ran): the interpreter's own teardown would end the daemon threads
+    still inside TensorFlow's C++ (the heartbeat's RPC, a session being cancelled), and one such
+    thread aborted the process ('FATAL: exception not rethrown', status -6; 1 run in ~10)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
 
 
 def _end_within(seconds: float) -> None:

@@ -106,6 +106,14 @@ def input_grad(dx_local, x, mean, variance, epsilon, data_format, coefficients):
 _FORWARDING = ("Identity", "RefIdentity", "Switch", "RefSwitch", "Enter", "RefEnter")
 
 
+def aliases_a_variable(scale: tf.Tensor) -> bool:
+    """Whether `scale` is a TF1 variable's buffer, read without a copy (see forward_read)."""
+    t = scale
+    while not is_ref(t) and t.op.type in _FORWARDING:
+        t = t.op.inputs[0]
+    return is_ref(t)
+
+
 def forward_read(graph, scale: tf.Tensor) -> tf.Tensor:
     """γ as the forward pass read it, for every op of the layer that needs it, forward and backward.
 
@@ -117,10 +125,7 @@ def forward_read(graph, scale: tf.Tensor) -> tf.Tensor:
     copied once per tower by a `Snapshot` that the forward normalization reads, hence before any
     gradient exists. A resource variable's read is already a snapshot (its updates copy on write):
     nothing is added."""
-    t = scale
-    while not is_ref(t) and t.op.type in _FORWARDING:
-        t = t.op.inputs[0]
-    if not is_ref(t):
+    if not aliases_a_variable(scale):
         return scale
     return create_op(graph, "Snapshot", [scale], {"T": attr_value_pb2.AttrValue(type=scale.dtype.as_datatype_enum),
                                                   "_gradient_op_type": attr_value_pb2.AttrValue(

@@ -150,8 +150,9 @@ def _match_and_pair(graph: tf.Graph, towers, device, process_group) -> Plan:
     live = [c for c in candidates if not c.skip_reason]
     explicit = towers is not None
     understood = {c.op for c in candidates if c.kind == "conditional" and c.parts}   # see match/conditional.py
-    hidden = [op for op in _calls_hiding_batch_norm(graph) if op not in understood]
-    unfused = [op for op in _calls_hiding_batch_moments(graph) if op not in hidden]
+    fused_calls, unfused_calls = _calls_hiding_batch_norm(graph)
+    hidden = [op for op in fused_calls if op not in understood]
+    unfused = [op for op in unfused_calls if op not in fused_calls]
     found_towers = find_towers([c.name for c in candidates] + [op.name for op in hidden + unfused], towers)
     found_by, left_out = ("towers= option" if explicit else known_convention(found_towers)) if found_towers else "", []
     if not explicit and live and not _known_names_suffice(found_towers, live):
@@ -229,16 +230,24 @@ def _drop_unpaired_root(towers, by_layer, explicit):
     return [Tower(i, t.prefix) for i, t in enumerate(towers[1:])]
 
 
-def _calls_hiding_batch_norm(graph: tf.Graph) -> list:
-    """The If/While/call ops whose function bodies run a training batch norm (a tensor-valued
-    `training` flag under control flow v2, a tf.function), where get_operations() cannot see it;
-    calls graphsync inlined are no longer run."""
-    tainted = match.functions_with_training_batch_norm(graph)
-    if not tainted:
-        return []
-    return [op for op in graph.get_operations()
-            if op.type in match.FUNCTION_CALL_TYPES and match.called_functions(op) & tainted
-            and not inline.is_inlined(op)]
+def _calls_hiding_batch_norm(graph: tf.Graph) -> tuple[list, list]:
+    """The If/While/call ops whose function bodies run a training fused batch norm (a tensor-valued
+    `training` flag under control flow v2, a tf.function), and the tf.function calls whose bodies
+    compute batch moments the unfused way (tf.nn.moments), where get_operations() cannot see them;
+    calls graphsync inlined are no longer run. One pass over the graph, only when a function of
+    its library holds either."""
+    fused, unfused = match.functions_with_training_batch_norm(graph), match.functions_with_batch_moments(graph)
+    if not fused and not unfused:
+        return [], []
+    found = ([], [])
+    for op in graph.get_operations():
+        if op.type in match.FUNCTION_CALL_TYPES and not inline.is_inlined(op):
+            called = match.called_functions(op)
+            if called & fused:
+                found[0].append(op)
+            if op.type in inline.CALL_TYPES and called & unfused:
+                found[1].append(op)
+    return found
 
 
 def _reject_hidden(ops, towers):
@@ -250,15 +259,6 @@ def _reject_hidden(ops, towers):
                 f"{op.name} ({op.type}) runs a batch norm inside a function body, which graphsync cannot "
                 "rewrite: pass training=True as a Python bool, or call "
                 "tf.compat.v1.disable_control_flow_v2() before building the model")
-
-
-def _calls_hiding_batch_moments(graph: tf.Graph) -> list:
-    """The tf.function calls whose bodies compute batch moments the unfused way (tf.nn.moments)."""
-    tainted = match.functions_with_batch_moments(graph)
-    if not tainted:
-        return []
-    return [op for op in graph.get_operations()
-            if op.type in inline.CALL_TYPES and match.called_functions(op) & tainted and not inline.is_inlined(op)]
 
 
 def _reject_unfused_in_calls(calls: list, towers) -> None:

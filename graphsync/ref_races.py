@@ -47,9 +47,8 @@ class Race:
 def find_races(graph: tf.Graph) -> list[Race]:
     """Every (reader, update) race of the module docstring, readers in the order they run."""
     updates, readers = {}, {}   # variable op → its in-place updates / the ops reading its buffer
-    for op in graph.get_operations():
-        if op.type in VARIABLE_TYPES:
-            updates[op], readers[op] = _updates_and_readers(op)
+    for op in _variable_ops(graph):
+        updates[op], readers[op] = _updates_and_readers(op)
     pairs = [(v, u) for v, us in updates.items() for u in us if readers[v]]
     if not pairs:
         return []
@@ -65,6 +64,17 @@ def find_races(graph: tf.Graph) -> list[Race]:
                     and not after[index[reader]] & bit and sinks[index[reader]] & sinks[index[update]]:
                 races.append(Race(reader.name, variable.name, update.name))
     return sorted(races, key=lambda r: index[graph.get_operation_by_name(r.reader)])
+
+
+def _variable_ops(graph: tf.Graph) -> list:
+    """The graph's ref variables: from its variable collections when it has any (a live graph's
+    variables are listed there; resource variables make the list empty at once), else from a
+    scan of every op (a graph imported without its collections)."""
+    keys = (tf.compat.v1.GraphKeys.GLOBAL_VARIABLES, tf.compat.v1.GraphKeys.LOCAL_VARIABLES)
+    listed = [v for key in keys for v in graph.get_collection(key)]
+    if listed:
+        return list({v.op: None for v in listed if getattr(v, "op", None) is not None and v.op.type in VARIABLE_TYPES})
+    return [op for op in graph.get_operations() if op.type in VARIABLE_TYPES]
 
 
 def _updates_and_readers(variable: tf.Operation) -> tuple[list, list]:

@@ -41,8 +41,10 @@ def splice_layer(graph: tf.Graph, layer: LayerPlan, exchange) -> SpliceCount:
         statistics = exchange.moments(graph, layer, layer.sites, uploads, spread="bessel")
         scales = []
         for site, s in zip(layer.sites, statistics):
-            with pristine_scope(graph, site.device, site.op.name + "_sync"):
-                scales.append(fused.forward_read(graph, site.op.inputs[1]))
+            scales.append(site.op.inputs[1])
+            if fused.aliases_a_variable(scales[-1]):
+                with pristine_scope(graph, site.device, site.op.name + "_sync"):
+                    scales[-1] = fused.forward_read(graph, scales[-1])
             _fused_forward(graph, layer, site, s, scales[-1], count)
         for k in range(len(layer.sites[0].grad_ops)):
             _fused_backward(graph, layer, exchange, statistics, scales, k, count)

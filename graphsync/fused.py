@@ -22,8 +22,8 @@ from __future__ import annotations
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
-from graphsync import stats
-from graphsync.tf_private import create_op, is_ref
+from graphsync import ref_races, stats
+from graphsync.tf_private import create_op, pristine_scope
 
 LOCAL_MOMENTS_GRADIENT = "GraphsyncFusedLocalMoments"   # also how graphsync/match/fused.py recognizes graphsync's ops
 NORMALIZE_GRADIENT = "GraphsyncFusedNormalize"
@@ -103,18 +103,7 @@ def input_grad(dx_local, x, mean, variance, epsilon, data_format, coefficients):
                      {"T": attr_value_pb2.AttrValue(type=x.dtype.as_datatype_enum)}, "dx").outputs[0]
 
 
-_FORWARDING = ("Identity", "RefIdentity", "Switch", "RefSwitch", "Enter", "RefEnter")
-
-
-def aliases_a_variable(scale: tf.Tensor) -> bool:
-    """Whether `scale` is a TF1 variable's buffer, read without a copy (see forward_read)."""
-    t = scale
-    while not is_ref(t) and t.op.type in _FORWARDING:
-        t = t.op.inputs[0]
-    return is_ref(t)
-
-
-def forward_read(graph, scale: tf.Tensor) -> tf.Tensor:
+def forward_read(graph, scale: tf.Tensor, device: str, name_scope: str) -> tf.Tensor:
     """γ as the forward pass read it, for every op of the layer that needs it, forward and backward.
 
     A TF1 variable (`VariableV2`, ref dtype) is read through an `Identity` that aliases its buffer,
@@ -123,13 +112,14 @@ def forward_read(graph, scale: tf.Tensor) -> tf.Tensor:
     the cross-tower sums, which nothing orders before the update (between processes a step's
     ∂L/∂γ often arrives first, and ∂L/∂x then used the new γ). So a γ that aliases a variable is
     copied once per tower by a `Snapshot` that the forward normalization reads, hence before any
-    gradient exists. A resource variable's read is already a snapshot (its updates copy on write):
-    nothing is added."""
-    if not aliases_a_variable(scale):
+    gradient exists (on `device`, under `name_scope`). A resource variable's read is already a
+    snapshot (its updates copy on write): nothing is added."""
+    if not ref_races.aliases_a_variable(scale):
         return scale
-    return create_op(graph, "Snapshot", [scale], {"T": attr_value_pb2.AttrValue(type=scale.dtype.as_datatype_enum),
-                                                  "_gradient_op_type": attr_value_pb2.AttrValue(
-                                                      s=FORWARD_READ_GRADIENT.encode())}, "scale").outputs[0]
+    attrs = {"T": attr_value_pb2.AttrValue(type=scale.dtype.as_datatype_enum),
+             "_gradient_op_type": attr_value_pb2.AttrValue(s=FORWARD_READ_GRADIENT.encode())}
+    with pristine_scope(graph, device, name_scope):
+        return create_op(graph, "Snapshot", [scale], attrs, "scale").outputs[0]
 
 
 @tf.RegisterGradient(FORWARD_READ_GRADIENT)

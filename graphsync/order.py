@@ -22,13 +22,13 @@ def positions(ops: Iterable[tf.Operation]) -> dict[tf.Operation, int]:
         if start in placed:
             continue
         on_path = {start}
-        stack = [(start, _reads(start))]
+        stack = [(start, iter(reads(start)))]
         while stack:
             op, pending = stack[-1]
             for parent in pending:
                 if parent not in placed and parent not in on_path:
                     on_path.add(parent)
-                    stack.append((parent, _reads(parent)))
+                    stack.append((parent, iter(reads(parent))))
                     break
             else:
                 stack.pop()
@@ -64,5 +64,9 @@ def _has_op(graph: tf.Graph, name: str) -> bool:
         return False
 
 
-def _reads(op: tf.Operation):
-    return iter([t.op for t in op.inputs] + list(op.control_inputs))
+def reads(op: tf.Operation) -> list:
+    """The ops `op` waits for: its data and control inputs, but for a v1 while loop's back edge
+    (NextIteration → Merge), which comes round from a later op."""
+    back_edge = op.type in ("Merge", "RefMerge")
+    return [t.op for t in op.inputs if not (back_edge and t.op.type.endswith("NextIteration"))] + \
+        list(op.control_inputs)

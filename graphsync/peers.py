@@ -35,14 +35,6 @@ HANDSHAKE_GRAPHS = weakref.WeakSet()     # graphsync's own graphs: never rewritt
 LONGER = "or wait longer with --peer-timeout"   # the remedy for a short wait (graphsync run's option)
 
 
-def meet(task: ClusterTask, target: str, fingerprints: list[str], timeout: float) -> None:
-    """wait_for_servers, then compare_layers, within `timeout` seconds in all (0: wait forever)."""
-    started = time.monotonic()
-    wait_for_servers(task, timeout)
-    left = max(timeout - (time.monotonic() - started), 1.0) if timeout else 0.0
-    compare_layers(task, target, fingerprints, left, said=timeout)
-
-
 def wait_for_servers(task: ClusterTask, timeout: float, poll: float = 0.1, longer: str = LONGER) -> None:
     """Returns once every training task's address accepts a connection; raises GraphsyncError
     naming the tasks that did not within `timeout` seconds (0: wait forever)."""

@@ -166,8 +166,8 @@ def _match_and_pair(graph: tf.Graph, towers, device, process_group) -> Plan:
     _reject_hidden([op for op in hidden if op not in calls], in_towers)
     if len(in_towers) > 1 or process_group is not None:
         _reject_unfused_in_calls(unfused, in_towers)
-    if calls and (len(in_towers) > 1 or process_group is not None):   # planned once inlined (inline.py)
-        return Plan(found_towers, device or "", [], skipped, found_by=found_by, calls=calls)
+        if calls:   # planned once inlined (inline.py)
+            return Plan(found_towers, device or "", [], skipped, found_by=found_by, calls=calls)
     if not live:
         return Plan(found_towers, device or "", [], skipped, found_by=found_by)
     if not found_towers and process_group is not None:

@@ -25,6 +25,7 @@ import dataclasses
 
 import tensorflow as tf
 
+from graphsync import order
 from graphsync.tf_private import is_ref
 
 VARIABLE_TYPES = ("VariableV2", "Variable", "TemporaryVariable")
@@ -52,18 +53,25 @@ def find_races(graph: tf.Graph) -> list[Race]:
     pairs = [(v, u) for v, us in updates.items() for u in us if readers[v]]
     if not pairs:
         return []
-    order, inputs = _topological(graph)
-    index = {op: i for i, op in enumerate(order)}
+    index = order.positions(graph.get_operations())
+    ops = sorted(index, key=index.get)
     update_bit = {u: 1 << i for i, u in enumerate({u for _, u in pairs})}
-    before, after, sinks = _reachability(order, [[index[s] for s in inputs[op]] for op in order], update_bit)
+    before, after, sinks = _reachability(ops, [[index[s] for s in order.reads(op)] for op in ops], update_bit)
     races = []
     for variable, update in pairs:
         bit = update_bit[update]
         for reader in readers[variable]:
-            if reader in index and update in index and not before[index[reader]] & bit \
-                    and not after[index[reader]] & bit and sinks[index[reader]] & sinks[index[update]]:
-                races.append(Race(reader.name, variable.name, update.name))
-    return sorted(races, key=lambda r: index[graph.get_operation_by_name(r.reader)])
+            r, u = index[reader], index[update]
+            if not before[r] & bit and not after[r] & bit and sinks[r] & sinks[u]:
+                races.append((r, Race(reader.name, variable.name, update.name)))
+    return [race for _, race in sorted(races, key=lambda pair: pair[0])]
+
+
+def aliases_a_variable(tensor: tf.Tensor) -> bool:
+    """Whether `tensor` is a ref variable's buffer, read through aliasing ops without a copy."""
+    while not is_ref(tensor) and tensor.op.type in ALIASING_TYPES:
+        tensor = tensor.op.inputs[0]
+    return is_ref(tensor)
 
 
 def _variable_ops(graph: tf.Graph) -> list:
@@ -115,47 +123,20 @@ def _same_device(op: tf.Operation, source: tf.Operation) -> bool:
         tf.DeviceSpec.from_string(op.device) == tf.DeviceSpec.from_string(source.device)
 
 
-def _topological(graph: tf.Graph) -> tuple[list, dict]:
-    """Ops in an order where every op follows its data and control inputs (a v1 while loop's back
-    edge, NextIteration → Merge, is no edge here; ops on a cycle are left out), and each op's inputs."""
-    ops = graph.get_operations()
-    inputs = {op: _inputs(op) for op in ops}
-    waiting = {op: len(sources) for op, sources in inputs.items()}
-    consumers = {op: [] for op in ops}
-    for op, sources in inputs.items():
-        for source in sources:
-            consumers[source].append(op)
-    ready = [op for op in ops if not waiting[op]]
-    order = []
-    while ready:
-        op = ready.pop()
-        order.append(op)
-        for consumer in consumers[op]:
-            waiting[consumer] -= 1
-            if not waiting[consumer]:
-                ready.append(consumer)
-    return order, inputs
-
-
-def _inputs(op: tf.Operation) -> list:
-    data = [t.op for t in op.inputs if not (op.type in ("Merge", "RefMerge") and t.op.type.endswith("NextIteration"))]
-    return data + list(op.control_inputs)
-
-
-def _reachability(order: list, inputs: list, update_bit: dict) -> tuple[list, list, list]:
-    """Per op of `order` (inputs: their inputs' places in it): the updates it reaches (it runs
-    before them), the updates reaching it (it runs after them), and the sinks it reaches that an
-    update reaches too, as integer bitsets."""
-    before, after, sinks = [0] * len(order), [0] * len(order), [0] * len(order)
-    consumed = [False] * len(order)
-    for i, op in enumerate(order):
+def _reachability(ops: list, inputs: list, update_bit: dict) -> tuple[list, list, list]:
+    """Per op of `ops`, in topological order (inputs: their inputs' places in it): the updates it
+    reaches (it runs before them), the updates reaching it (it runs after them), and the sinks it
+    reaches that an update reaches too, as integer bitsets."""
+    before, after, sinks = [0] * len(ops), [0] * len(ops), [0] * len(ops)
+    consumed = [False] * len(ops)
+    for i, op in enumerate(ops):
         after[i] |= update_bit.get(op, 0)
         for j in inputs[i]:
             after[i] |= after[j]
             consumed[j] = True
     next_sink = 0
-    for i in range(len(order) - 1, -1, -1):
-        before[i] |= update_bit.get(order[i], 0)
+    for i in range(len(ops) - 1, -1, -1):
+        before[i] |= update_bit.get(ops[i], 0)
         if not consumed[i] and after[i]:   # only sinks an update reaches can be common to one
             sinks[i], next_sink = 1 << next_sink, next_sink + 1
         for j in inputs[i]:

@@ -39,13 +39,10 @@ def splice_layer(graph: tf.Graph, layer: LayerPlan, exchange) -> SpliceCount:
             with pristine_scope(graph, site.device, op.name + "_sync"), graph.control_dependencies(op.control_inputs):
                 uploads.append(fused.local_moments(graph, op, exchange.ops))
         statistics = exchange.moments(graph, layer, layer.sites, uploads, spread="bessel")
-        scales = []
-        for site, s in zip(layer.sites, statistics):
-            scales.append(site.op.inputs[1])
-            if fused.aliases_a_variable(scales[-1]):
-                with pristine_scope(graph, site.device, site.op.name + "_sync"):
-                    scales[-1] = fused.forward_read(graph, scales[-1])
-            _fused_forward(graph, layer, site, s, scales[-1], count)
+        scales = [fused.forward_read(graph, site.op.inputs[1], site.device, site.op.name + "_sync")
+                  for site in layer.sites]
+        for site, s, scale in zip(layer.sites, statistics, scales):
+            _fused_forward(graph, layer, site, s, scale, count)
         for k in range(len(layer.sites[0].grad_ops)):
             _fused_backward(graph, layer, exchange, statistics, scales, k, count)
     else:

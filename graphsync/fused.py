@@ -82,7 +82,18 @@ def normalize(graph, x, scale, offset, mean, variance, epsilon, data_format, gra
 
 
 def grad_sums(dy, x, scale, mean, variance, epsilon, data_format):
-    """(γ·r·g, b_t = Σ g·x̂, a_t = Σ g) of one tower."""
+    """(γ·r·g, b_t = Σ g·x̂, a_t = Σ g) of one tower.
+
+    TensorFlow's CPU kernel of the inference-mode gradient takes channels-last tensors only, unless
+    oneDNN replaces it ("… with is_training=False only support NHWC tensor format"): off a GPU, a
+    channels-first layer's tensors are transposed to channels-last around it."""
+    if data_format.startswith("NC") and "GPU" not in (x.device or dy.device or "").upper():
+        rank = x.shape.rank
+        to_last, to_first = [0] + list(range(2, rank)) + [1], [0, rank - 1] + list(range(1, rank - 1))
+        last_format = "N" + data_format[2:] + "C"
+        dx, sum_dy_xhat, sum_dy = grad_sums(tf.transpose(dy, to_last), tf.transpose(x, to_last), scale, mean,
+                                            variance, epsilon, last_format)
+        return tf.transpose(dx, to_first), sum_dy_xhat, sum_dy
     return create_op(dy.graph, "FusedBatchNormGradV3", [dy, x, scale, mean, variance, mean],
                      _attrs(x, epsilon, data_format, False, forward=False), "grad_sums").outputs[:3]
 

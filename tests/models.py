@@ -45,8 +45,17 @@ def raw_fused_bn(x, name, *, data_format="NHWC", version=3, momentum=0.9, epsilo
     return y, updates
 
 
-def resnetish(depth=2, data_format="NHWC", version=3, avg_factor=None, channels=4):
-    """conv → BN → relu blocks with a residual add, then a dense head."""
+def resnetish(depth=2, data_format="NHWC", version=3, avg_factor=None, channels=4, bn_format=None):
+    """conv → BN → relu blocks with a residual add, then a dense head. `bn_format="NCHW"` with NHWC
+    convolutions runs each batch norm on a channels-first transpose of its input: the batch norm's
+    NCHW path, on kernels every CPU has (channels-first convolution gradients need oneDNN)."""
+
+    def batch_norm(h, name):
+        if bn_format == "NCHW" and data_format == "NHWC":
+            y, up = raw_fused_bn(tf.transpose(h, [0, 3, 1, 2]), name, data_format="NCHW", version=version,
+                                 avg_factor=avg_factor)
+            return tf.transpose(y, [0, 2, 3, 1]), up
+        return raw_fused_bn(h, name, data_format=data_format, version=version, avg_factor=avg_factor)
 
     def model(x):
         if data_format == "NCHW":
@@ -54,7 +63,7 @@ def resnetish(depth=2, data_format="NHWC", version=3, avg_factor=None, channels=
         updates = []
         h = _conv(x, channels, "stem", data_format)
         for i in range(depth):
-            y, up = raw_fused_bn(h, f"bn{i}", data_format=data_format, version=version, avg_factor=avg_factor)
+            y, up = batch_norm(h, f"bn{i}")
             updates += up
             y = tf.nn.relu(y)
             h = h + _conv(y, channels, f"conv{i}", data_format) if i % 2 else _conv(y, channels, f"conv{i}", data_format)

@@ -139,6 +139,60 @@ def reference_step(model_fn, batch_sizes, x, t, **kw):
     return result
 
 
+def reordered_reference_step(model_fn, batch_sizes, x, t, seed=7, **kw):
+    """The one-device step on the same examples in another order, results put back in the original
+    order: what one device's own summation order changes. Its distance from `reference_step` is the
+    noise floor of a comparison with one device, on this machine, with its kernels."""
+    order = np.random.RandomState(seed).permutation(len(x))
+    result = reference_step(model_fn, batch_sizes, x[order], t[order], **kw)
+    result["output"] = result["output"][np.argsort(order)]
+    per_example = np.square(result["output"] - t.astype(np.float64)).reshape(len(x), -1).sum(1) * 0.5
+    result["loss"] = np.array([p.sum() for p in np.split(per_example, np.cumsum(batch_sizes)[:-1])])
+    return result
+
+
+def unit_roundoff(dtype) -> float:
+    """Half the gap between 1 and the next number of `dtype` (bfloat16 keeps 8 significant bits)."""
+    dtype = tf.as_dtype(dtype)
+    return 2.0 ** -8 if dtype == tf.bfloat16 else float(np.finfo(dtype.as_numpy_dtype).eps) / 2
+
+
+def tolerance(dtype, noise: float, summed_terms: int) -> float:
+    """How far a synchronized step may be from one device, from this run rather than one machine.
+
+    Two bounds, the larger wins:
+    - 4 × `noise`, the distance between two one-device runs of the same batch in different orders
+      (`reordered_reference_step`): the towers sum the batch in yet another order;
+    - 2·u·√n, the random-walk growth of rounding in a sum of n = `summed_terms` products at the
+      dtype's unit roundoff u (a filter gradient sums examples × positions). It dominates where a
+      kernel rounds half-precision sums in a fixed order, so that reordering alone shows no noise
+      (oneDNN's bfloat16 convolutions)."""
+    return max(4.0 * noise, 2.0 * unit_roundoff(dtype) * np.sqrt(summed_terms))
+
+
+_channels_first_probe = {}
+
+
+def channels_first_conv_gradients() -> bool:
+    """Whether this CPU's TensorFlow can differentiate an NCHW convolution: without oneDNN (CPUs
+    without AVX-512 run TensorFlow without it by default, or TF_ENABLE_ONEDNN_OPTS=0) the filter
+    gradient has only an NHWC kernel ('Conv2DCustomBackpropFilterOp only supports NHWC')."""
+    if not _channels_first_probe:
+        graph = tf.Graph()
+        with graph.as_default():
+            x = tf.ones([1, 2, 3, 3])
+            w = tf.ones([1, 1, 2, 2])
+            y = tf.nn.conv2d(x, w, 1, "SAME", data_format="NCHW")
+            grads = tf.gradients(y, [x, w])
+        with tf1.Session(graph=graph) as sess:
+            try:
+                sess.run(grads)
+                _channels_first_probe["ok"] = True
+            except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError):
+                _channels_first_probe["ok"] = False
+    return _channels_first_probe["ok"]
+
+
 def max_rel_error(got, want):
     """Largest |got − want| over the largest |want| of each compared array."""
     worst = 0.0

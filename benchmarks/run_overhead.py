@@ -1,5 +1,5 @@
-"""What `graphsync run`'s check before every Session.run costs (graphsync.autosync patches
-BaseSession._extend_graph; graphsync.session_copies): Session.run of a trivial fetch (one scalar
+"""What `graphsync run`'s check before every Session.run costs (graphsync.autosync.patching patches
+BaseSession._extend_graph; graphsync.autosync.session_copies): Session.run of a trivial fetch (one scalar
 constant, or one no-op target) with the patches installed and without, alternating within each
 round, median of the per-round differences; then the check alone (the one dictionary lookup and
 version comparison the patch makes before calling TensorFlow's method), timed by itself.

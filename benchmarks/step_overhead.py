@@ -70,7 +70,7 @@ import numpy as np  # noqa: E402
 with _common.quiet_stderr():
     import tf_keras  # noqa: E402
 import graphsync  # noqa: E402
-import graphsync.fused  # noqa: E402  (REFINE_LOCAL_MOMENTS, when the graphsync under test has it)
+import graphsync.splice.fused_kernels  # noqa: E402  (REFINE_LOCAL_MOMENTS, when the graphsync under test has it)
 import graphsync.stats  # noqa: E402
 import models  # noqa: E402
 
@@ -106,7 +106,7 @@ class GraphVariant:
         bn, gradients, rewrite = GRAPH_VARIANTS[name]
         unrefined = name.endswith("-unrefined")
         # where the graphsync under test keeps the switch (older ones: fused only; none: KeyError)
-        switch = next((m for m in (graphsync.stats, graphsync.fused) if hasattr(m, "REFINE_LOCAL_MOMENTS")), None)
+        switch = next((m for m in (graphsync.stats, graphsync.splice.fused_kernels) if hasattr(m, "REFINE_LOCAL_MOMENTS")), None)
         if unrefined and (switch is None or (bn == "moments" and switch is not graphsync.stats)):
             raise KeyError(name)
         if unrefined:

@@ -34,8 +34,8 @@ def inspect(input_path, towers, device, strategy, group_size, tags, as_json, ver
     with shell.library_errors(), shell.shown_warnings(False, verbose):
         loaded = graphsync.io.load(input_path, tags)
         n_ops = len(loaded.graph.get_operations())
-        plan, inlined = graphsync.inline.planned(loaded.graph, lambda graph: graphsync.plan.make_plan(
-            graph, towers, device, strategy=strategy, group_size=group_size))   # inlines in the loaded copy only
+        plan, inlined = graphsync.rewrite.plan_towers(loaded.graph, towers=towers, device=device, strategy=strategy,
+                                                      group_size=group_size)   # inlines in the loaded copy only
     info = _inspection(loaded, plan, n_ops, inlined)
     if as_json:
         click.echo(json.dumps(info, indent=2))

@@ -111,7 +111,8 @@ def _allreduce_for_process_group(strategy: str) -> str:
 
 def _process_group(text: str, timeout: float):
     """TASKS:INDEX, or TF_CONFIG (the training tasks of the variable's cluster, and its task)."""
-    from graphsync import GraphsyncError, ProcessGroup, cluster
+    from graphsync import GraphsyncError, ProcessGroup
+    from graphsync.between_graph import cluster
     if text == "TF_CONFIG":
         try:
             task = cluster.from_tf_config(os.environ.get("TF_CONFIG"))
@@ -121,7 +122,7 @@ def _process_group(text: str, timeout: float):
             raise click.BadParameter("TF_CONFIG names no training task of a cluster of several"
                                      if task is None or task.rank is None else "TF_CONFIG's cluster has one training task",
                                      param_hint="'--process-group'")
-        return task.process_group(timeout)
+        return ProcessGroup.of_task(task, timeout)
     tasks, _, index = text.partition(":")
     if not (tasks.isdigit() and index.isdigit()) or int(tasks) < 2 or int(index) >= int(tasks):
         raise click.BadParameter(f"{text!r} is not TASKS:INDEX (e.g. 2:0, with 0 <= INDEX < TASKS and TASKS >= 2) "

@@ -1,5 +1,5 @@
 """`graphsync run`: an unchanged training script, run as `python` would, with every multi-tower
-graph synchronized just before its first session, finalization or run (see graphsync.autosync).
+graph synchronized just before its first session, finalization or run (see graphsync.autosync.patching).
 
 The script gets what `python SCRIPT ARGS` (or `python -m MODULE ARGS`) gives it: sys.argv,
 __name__ == "__main__", __file__, sys.path[0], the same standard streams, its exit status, and an
@@ -102,7 +102,7 @@ def run(module, towers, device, strategy, group_size, peer_timeout, heartbeat, r
     if report_path is not None and not os.path.isdir(os.path.dirname(os.path.abspath(report_path))):
         raise shell.Failure(f"cannot write {report_path}: directory {os.path.dirname(os.path.abspath(report_path))} "
                             "does not exist", shell.EXIT_USAGE)
-    from graphsync.between_graph import BetweenGraphSync
+    from graphsync.autosync.worker import BetweenGraphSync
     options = {k: v for k, v in (("towers", towers), ("device", device), ("strategy", strategy),
                                  ("group_size", group_size)) if v is not None}
     autosync = BetweenGraphSync(on_error=on_error, quiet=quiet, verbose=verbose, peer_timeout=peer_timeout,

@@ -107,7 +107,7 @@ def library(verbose: bool = False):
         with _stderr_to_file() as captured:
             try:
                 import graphsync.io  # noqa: F401
-                import graphsync.plan  # noqa: F401
+                import graphsync.rewrite  # noqa: F401
             except Exception as exc:  # noqa: BLE001
                 detail = ""
                 if captured is not None:
@@ -119,7 +119,7 @@ def library(verbose: bool = False):
 
     import graphsync
     import graphsync.io
-    import graphsync.plan
+    import graphsync.rewrite
     level = logging.INFO if verbose else logging.ERROR
     logging.getLogger("tensorflow").setLevel(level)
     with contextlib.suppress(ImportError):

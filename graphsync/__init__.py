@@ -4,7 +4,7 @@
     report = graphsync.rewrite_towers()   # after building the towers (and, ideally, their gradients)
 
 or, for loops that own the session, `hooks=[graphsync.SyncBatchNormHook()]`; or, with no edit at
-all, `graphsync run train.py` (graphsync.autosync).
+all, `graphsync run train.py` (graphsync.autosync.patching).
 
 Importing graphsync registers the gradients its rewritten graphs use. When TensorFlow is not
 imported yet (e.g. `python -m graphsync`), the library loads on first use instead, so the command
@@ -17,14 +17,14 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "rewrite_towers": "graphsync.rewrite",
-    "ProcessGroup": "graphsync.exchange",
+    "ProcessGroup": "graphsync.between_graph.process_group",
     "GraphsyncError": "graphsync.errors",
     "GraphsyncWarning": "graphsync.errors",
     "RewriteReport": "graphsync.report",
     "LayerReport": "graphsync.report",
     "SkippedReport": "graphsync.report",
     "SyncBatchNormHook": "graphsync.hook",
-    "AutoSync": "graphsync.autosync",
+    "AutoSync": "graphsync.autosync.patching",
     "verify": "graphsync.verification",
     "VerifyReport": "graphsync.verification",
 }

@@ -32,7 +32,7 @@ class RewriteReport:
     groups: list = dataclasses.field(default_factory=list)
     process_group: tuple | None = None
     fingerprints: list = dataclasses.field(default_factory=list)   # per layer, between-graph only
-    inlined: list = dataclasses.field(default_factory=list)   # tf.function calls inlined first (graphsync/inline.py)
+    inlined: list = dataclasses.field(default_factory=list)   # tf.function calls inlined first (graphsync/splice/inline.py)
 
     @property
     def where(self) -> str:

@@ -1,4 +1,7 @@
-"""`rewrite_towers`: load → find towers → match layers → plan → splice → check."""
+"""`rewrite_towers`: find candidates → find towers → pair → plan → splice (through an exchange) → check.
+
+`plan_towers` is the one place where rewrite_towers' options become a plan; `graphsync run`
+(graphsync/autosync/) and `graphsync inspect` plan through it too."""
 from __future__ import annotations
 
 import contextlib
@@ -8,10 +11,15 @@ import weakref
 
 import tensorflow as tf
 
-from graphsync import inline, ref_races, splice, tf_private
+from graphsync.splice import inline
+from graphsync.graph import ref_races
+from graphsync.splice import layer as splice
+from graphsync.graph import tf_private
 from graphsync.errors import GraphsyncError, GraphsyncWarning
-from graphsync.exchange import ProcessGroup, make_exchange
-from graphsync.plan import Plan, digest, fingerprints, make_plan
+from graphsync.between_graph.process_group import ProcessGroup
+from graphsync.exchange import make_exchange
+from graphsync.plan.data import Plan, digest, fingerprints
+from graphsync.plan.planner import make_plan
 from graphsync.report import LayerReport, RewriteReport, SkippedReport
 
 _rewritten_graphs = weakref.WeakSet()   # every graph rewrite_towers changed (see was_rewritten)
@@ -25,7 +33,7 @@ def rewrite_towers(graph: tf.Graph | None = None, *, towers=None, device: str | 
 
     graph:   a tf.Graph (default: the default graph), before or after its gradients are built.
     towers:  None to discover them: known scopes (tower_0/, tower_0/v0/, tower0/, clone_0/, replica_1/),
-             else by structure (graphsync/tower_structure.py: index-numbered sibling scopes holding the
+             else by structure (graphsync/towers/structure.py: index-numbered sibling scopes holding the
              same batch norms in parallel, e.g. gpu_0/, gpu_1/); a regular expression matching each
              tower's prefix, or a list of prefixes ('' = root).
     device:  where the statistics of all towers are combined (default: CPU 0 of tower 0's host).
@@ -38,9 +46,9 @@ def rewrite_towers(graph: tf.Graph | None = None, *, towers=None, device: str | 
              experimental.collective_group_leader. Workers whose layers differ never pair up
              (their collectives time out after `timeout` seconds, when set). With
              ProcessGroup(…, heartbeat=SECONDS) the graph's steps are watched: a lost worker ends
-             this process with status 1 and one line naming it (graphsync.watched_steps).
+             this process with status 1 and one line naming it (graphsync.between_graph.watched_steps).
 
-    Batch norm inside tf.function calls in the towers is inlined first (graphsync/inline.py; the
+    Batch norm inside tf.function calls in the towers is inlined first (graphsync/splice/inline.py; the
     report lists the calls), gradient calls included, after a rehearsal on a copy of the graph.
 
     Raises GraphsyncError, leaving the graph untouched, when the graph cannot be rewritten.
@@ -53,9 +61,21 @@ def rewrite_towers(graph: tf.Graph | None = None, *, towers=None, device: str | 
         return _rewrite(graph, towers, device, strategy, group_size, process_group)
 
 
+def plan_towers(graph: tf.Graph, *, towers=None, device: str | None = None, strategy: str = "gather",
+                group_size: int | None = None, process_group: ProcessGroup | None = None,
+                inline_calls: bool = True) -> tuple[Plan, list[str]]:
+    """How rewrite_towers' options become a plan, for the rewrite, `graphsync run` and `inspect`:
+    (the plan, the names of the tf.function calls inlined). With `inline_calls` the towers' calls
+    are inlined into `graph` first, after a rehearsal on a copy (graphsync/splice/inline.py);
+    without, the plan lists them (Plan.calls) and the graph is untouched."""
+    def plan(g):
+        return make_plan(g, towers, device, strategy=strategy, group_size=group_size, process_group=process_group)
+    return inline.planned(graph, plan) if inline_calls else (plan(graph), [])
+
+
 def _rewrite(graph, towers, device, strategy, group_size, process_group) -> RewriteReport:
-    plan, inlined = inline.planned(graph, lambda g: make_plan(g, towers, device, strategy=strategy,
-                                                              group_size=group_size, process_group=process_group))
+    plan, inlined = plan_towers(graph, towers=towers, device=device, strategy=strategy, group_size=group_size,
+                                process_group=process_group)
     report = RewriteReport([t.label for t in plan.towers], plan.device if strategy == "gather" else "",
                            skipped=[SkippedReport(op, why) for op, why in plan.skipped], strategy=strategy,
                            groups=[[plan.towers[i].label for i in g] for g in plan.groups],
@@ -65,19 +85,21 @@ def _rewrite(graph, towers, device, strategy, group_size, process_group) -> Rewr
         report.fingerprints = fingerprints(plan)
     exchange = make_exchange(graph, plan.strategy, plan.device, plan.groups, process_group,
                              digest("\n".join(report.fingerprints))) if plan.layers else None
+    spliced = []
     for layer in plan.layers:
-        count = splice.splice_layer(graph, layer, exchange)
-        report.edges_moved += count.edges
-        report.grad_ops_replaced += count.grads_replaced
+        made = splice.splice_layer(graph, layer, exchange)
+        spliced.append(made.layer)
+        report.edges_moved += made.edges
+        report.grad_ops_replaced += made.grads_replaced
         report.layers.append(LayerReport(layer.name, layer.shown_kind, tuple(s.op.name for s in layer.sites),
                                          "rewritten" if layer.has_gradients else "autodiff"))
-    _check(plan)
+    _check(spliced)
     _say_kept_per_tower(plan.kept_per_tower)
     if report.changed:
         _rewritten_graphs.add(graph)
         _say_races(ref_races.find_races(graph))
         if process_group is not None and process_group.heartbeat:
-            from graphsync import watched_steps
+            from graphsync.between_graph import watched_steps
             watched_steps.watch(graph, process_group, report.fingerprints)
     return report
 
@@ -115,7 +137,7 @@ def _say_kept_per_tower(kept: list) -> None:
 def _say_races(races: list) -> None:
     """A GraphsyncWarning for reads of TF1 ref variables that race their update (ungated
     gradients): the user's own race, but lockstep towers make the wrong outcome likely, and the
-    step would then differ from one device's (graphsync/ref_races.py)."""
+    step would then differ from one device's (graphsync/graph/ref_races.py)."""
     if races:
         others = f" (and {len(races) - 1} more)" if len(races) > 1 else ""
         warnings.warn(f"{races[0].line()}{others}: ungated gradients on TF1 ref variables, which synchronized "
@@ -126,17 +148,17 @@ def _say_races(races: list) -> None:
 
 def was_rewritten(graph: tf.Graph) -> bool:
     """Whether rewrite_towers already synchronized `graph` in this process (the script's own call,
-    a SyncBatchNormHook, or `graphsync run`): graphsync.autosync then leaves it alone."""
+    a SyncBatchNormHook, or `graphsync run`): graphsync.autosync.patching then leaves it alone."""
     return graph in _rewritten_graphs
 
 
-def _check(plan: Plan) -> None:
-    """After the splice nothing may still read an old op: it would keep running every step."""
-    for layer in plan.layers:
+def _check(spliced: list) -> None:
+    """After the splice nothing may still read an old op: it would keep running every step.
+    `spliced`: the layers splice_layer synchronized (a conditional layer's stand-ins)."""
+    for layer in spliced:
         for site in layer.sites:
-            site = site.parts.get("stand_in", site)   # a conditional layer's (graphsync/conditional.py)
             if layer.kind == "moments":
-                old = [(op, op.outputs[:1]) for op in (site.op, site.parts["variance"])]
+                old = [(op, op.outputs[:1]) for op in (site.op, site.parts.variance)]
             else:   # the fused op's reserve spaces stay read by its (dead) gradient ops
                 old = [(site.op, site.op.outputs[:3])] + [(g, g.outputs) for g in site.grad_ops]
             for op, outputs in old:

@@ -5,7 +5,7 @@ On the aggregation device (float64): N = Σ n_t
                                      μ = Σ n_t·m_t / N
                                      σ² = (Σ M2_t + Σ n_t·(m_t − μ)²) / N   (Chan et al.)
 
-Fused layers get (m_t, n_t/(n_t−1)·v_t) from TensorFlow's kernel (graphsync/fused.py); moments
+Fused layers get (m_t, n_t/(n_t−1)·v_t) from TensorFlow's kernel (graphsync/splice/fused_kernels.py); moments
 subgraphs get them from `local_moments`, whose statistics keep the reduced axes, so any
 `tf.nn.moments` axes work. Float32 towers of either kind also upload a residual that makes their
 float32 mean exact enough for the merge (`refine_moments`). Counts come from run-time shapes:
@@ -19,7 +19,7 @@ import dataclasses
 import tensorflow as tf
 
 # False: upload float32 statistics without their residual (benchmarks/step_overhead.py prices the
-# residual by building one variant so; both graphsync/fused.py and local_moments below read it).
+# residual by building one variant so; both graphsync/splice/fused_kernels.py and local_moments below read it).
 REFINE_LOCAL_MOMENTS = True
 
 
@@ -85,7 +85,7 @@ def merge_moments(ops, sizes, means, spreads, residuals=None, spread: str = "m2"
 
     `residuals` (float32 towers): each tower's Σ(x − m̂) (moments subgraphs, `local_moments`; no
     `epsilon`) or, with the layer's `epsilon`, Σy, y = (x − m̂)/s the fused kernel's normalized
-    output with γ = 1, β = 0 and s² = v + ε (graphsync.fused.local_moments), so Σ(x − m̂) = s·Σy.
+    output with γ = 1, β = 0 and s² = v + ε (graphsync.splice.fused_kernels.kernel_moments), so Σ(x − m̂) = s·Σy.
     With d = Σ(x − m̂)/n the tower's true mean is m̂ + d and its M2 is Σ(x − m̂)² − n·d², corrected
     here in float64 for all towers at once: the float32 m̂ alone would put ~1e-7·|μ| per tower into
     Chan's between-tower term.

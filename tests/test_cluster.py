@@ -1,4 +1,4 @@
-"""Which task of which cluster a process is (graphsync.cluster), without any process: TF_CONFIG in
+"""Which task of which cluster a process is (graphsync.between_graph.cluster), without any process: TF_CONFIG in
 its usual forms and mistakes, server definitions, the group leader graphsync gives a server, and
 the decision BetweenGraphSync takes from them."""
 import json
@@ -6,7 +6,9 @@ import json
 import pytest
 import tensorflow as tf
 
-from graphsync import GraphsyncError, ProcessGroup, cluster, tf_private
+from graphsync import GraphsyncError, ProcessGroup
+from graphsync.between_graph import cluster, process_group
+from graphsync.graph import tf_private
 
 WORKERS = ["127.0.0.1:1001", "127.0.0.1:1002", "127.0.0.1:1003"]
 
@@ -26,7 +28,7 @@ def test_tf_config_names_the_process_and_the_leader(spec, job, index, rank, task
     assert (task.rank, task.tasks, task.leader) == (rank, tasks, leader)
     assert task.between_graph == (rank is not None)
     if rank is not None:
-        assert task.process_group(30) == ProcessGroup(tasks, rank, 30.0)
+        assert ProcessGroup.of_task(task, 30) == ProcessGroup(tasks, rank, 30.0)
         assert task.description == f"{job}:{index} is process {rank + 1} of {tasks} (cluster from TF_CONFIG)"
 
 
@@ -69,7 +71,7 @@ def test_a_server_definition_gets_the_leader_only_when_it_has_none_and_trains_wi
 
 
 def test_between_graph_sync_decides_from_the_server_else_tf_config():
-    from graphsync.between_graph import BetweenGraphSync
+    from graphsync.autosync.worker import BetweenGraphSync
     tf_config = _tf_config({"worker": WORKERS[:2]}, "worker", 1)
     sync = BetweenGraphSync(tf_config=tf_config, quiet=True, peer_timeout=12)
     graph = tf.Graph()
@@ -77,7 +79,7 @@ def test_between_graph_sync_decides_from_the_server_else_tf_config():
     sync.server_task = cluster.from_tf_config(_tf_config({"worker": WORKERS}, "worker", 2))
     sync.server_target = "grpc://127.0.0.1:1003"
     # with a heartbeat (default 10 s) the collectives wait for slow peers: the heartbeat finds lost ones
-    # (BetweenGraphSync's own, not the process group's: graphsync.between_graph)
+    # (BetweenGraphSync's own, not the process group's: graphsync.autosync.worker)
     assert sync.options_for(graph) == {"strategy": "allreduce", "process_group": ProcessGroup(3, 2, 0.0)}
     sync.heartbeat = 0
     assert sync.options_for(graph) == {"strategy": "allreduce", "process_group": ProcessGroup(3, 2, 12.0)}
@@ -85,7 +87,7 @@ def test_between_graph_sync_decides_from_the_server_else_tf_config():
 
 
 def test_a_process_group_with_a_heartbeat_finds_its_workers_in_its_cluster_else_tf_config(monkeypatch):
-    """rewrite_towers' heartbeat (graphsync.watched_steps) needs the workers' addresses: from
+    """rewrite_towers' heartbeat (graphsync.between_graph.watched_steps) needs the workers' addresses: from
     ProcessGroup(cluster=…) in any of its forms, else TF_CONFIG; kept in one hashable form."""
     monkeypatch.delenv("TF_CONFIG", raising=False)
     want = (("chief", ("h:1",)), ("ps", ("h:9",)), ("worker", tuple(WORKERS[:2])))
@@ -93,7 +95,7 @@ def test_a_process_group_with_a_heartbeat_finds_its_workers_in_its_cluster_else_
     for form in (spec, tf.train.ClusterSpec(spec), tf.train.ClusterSpec(spec).as_cluster_def(), want):
         group = ProcessGroup(3, 2, heartbeat=3, cluster=form)
         assert group.cluster == want and hash(group) == hash(ProcessGroup(3, 2, heartbeat=3, cluster=want))
-    task = cluster.of_group(ProcessGroup(3, 2, heartbeat=3, cluster=spec))
+    task = process_group.of_group(ProcessGroup(3, 2, heartbeat=3, cluster=spec))
     assert (task.job, task.index, task.rank, task.address("worker", 1)) == ("worker", 1, 2, WORKERS[1])
     assert ProcessGroup(2, 1).cluster is None                       # no heartbeat: TF_CONFIG not even read
     monkeypatch.setenv("TF_CONFIG", _tf_config({"worker": WORKERS}, "worker", 1))

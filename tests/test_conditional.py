@@ -44,7 +44,7 @@ def exchange_traffic(built, x, t, batch_sizes, flag):
     from TensorFlow's step statistics: the ops that ran in graphsync's aggregation scope or as
     collectives, constants aside (they hold no statistic), and the bytes the synchronized layers
     moved across devices (the cross-device edges `graphsync verify` counts per layer)."""
-    from graphsync.towers import find_towers
+    from graphsync.towers.scopes import find_towers
     from graphsync.verification import trace
     from graphsync.verification.discovery import batch_norm
     meta = tf1.RunMetadata()
@@ -159,14 +159,14 @@ def test_rewriting_twice_changes_nothing():
 
 def test_private_control_flow_helpers():
     """tf_private.cond_predicate and in_while_loop read TensorFlow's v1 control-flow contexts."""
-    from graphsync import tf_private
+    from graphsync.graph import tf_private
     with cm.control_flow("v1"), tf.Graph().as_default():
         flag = tf1.placeholder(tf.bool, [])
         inside = []
         tf.cond(flag, lambda: inside.append(tf.identity(1.0)) or inside[-1], lambda: tf.constant(0.0))
         loop = []
         tf.while_loop(lambda i: i < 3, lambda i: loop.append(tf.identity(i)) or loop[-1] + 1, [0])
-    from graphsync.conditional import predicate
+    from graphsync.plan.conditional import predicate
     assert predicate(tf_private.cond_predicate(inside[0].op)) is flag and not tf_private.in_while_loop(inside[0].op)
     assert tf_private.in_while_loop(loop[0].op) and tf_private.cond_predicate(flag.op) is None
 

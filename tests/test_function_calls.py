@@ -1,6 +1,6 @@
 """Batch norm inside a tf.function that the towers call in graph mode (a StatefulPartitionedCall
 whose body holds the batch norm, or the If of a tensor training flag, or further calls that do):
-graphsync inlines the calls (graphsync/inline.py), then synchronizes what they held like any other
+graphsync inlines the calls (graphsync/splice/inline.py), then synchronizes what they held like any other
 layer. One step of the rewritten graph equals one device on the concatenated batch (the
 un-rewritten graph does not); with the flag False it computes exactly what the original computes.
 

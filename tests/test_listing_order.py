@@ -1,7 +1,7 @@
 """Every listing of layers — `graphsync inspect`, `rewrite`'s table, RewriteReport.layers and
 .skipped, `verify` — in the order the forward pass runs them, in text and in --json: on a
 12-layer model whose layer names (bn0 … bn11) sort as bn0, bn1, bn10, bn11, bn2, …; and the
-topological order itself (graphsync/order.py) against op ids and cycles.
+topological order itself (graphsync/graph/order.py) against op ids and cycles.
 """
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import graphsync
 import models
 import towerlib as tl
 from cli.main import main
-from graphsync import order
-from graphsync.reroute import reroute_consumers
+from graphsync.graph import order
+from graphsync.graph.reroute import reroute_consumers
 
 tf1 = tf.compat.v1
 DEPTH = 12

@@ -1,4 +1,4 @@
-"""A lost between-graph worker under `graphsync run` (graphsync.heartbeat, graphsync.steps):
+"""A lost between-graph worker under `graphsync run` (graphsync.between_graph.heartbeat, graphsync.between_graph.steps):
 tests/scripts/between_graph_steps.py trains a few steps in 3 workers on 127.0.0.1 with a checkpoint
 after each. One worker exits, or is frozen with SIGSTOP, after step k: every survivor stops with
 status 1 within a few heartbeat intervals, its last stderr line naming the lost task; then all
@@ -7,7 +7,7 @@ interrupted. A worker that pauses between two steps for several intervals, its s
 waited for and changes nothing. A worker restarted alone into the running group never joins it.
 
 The "library" cases run the same script under plain python, calling rewrite_towers itself with
-ProcessGroup(3, index, heartbeat=3) (graphsync.watched_steps): the same faults, the same lines."""
+ProcessGroup(3, index, heartbeat=3) (graphsync.between_graph.watched_steps): the same faults, the same lines."""
 import os
 import signal
 import subprocess
@@ -238,12 +238,12 @@ def test_a_worker_restarted_alone_into_a_running_group_never_joins_it(tmp_path, 
 
 
 def test_the_heartbeat_finds_a_frozen_server_within_its_interval_and_spares_a_live_one():
-    """graphsync.heartbeat.PeerWatch in this process against two real servers: one is frozen with
+    """graphsync.between_graph.heartbeat.PeerWatch in this process against two real servers: one is frozen with
     SIGSTOP, and is lost within the interval (plus a poll); the other, idle, never is."""
     import json
 
-    from graphsync.cluster import ClusterTask
-    from graphsync.heartbeat import PeerWatch
+    from graphsync.between_graph.cluster import ClusterTask
+    from graphsync.between_graph.heartbeat import PeerWatch
     spec = cl.cluster_spec({"worker": 3})
     servers = [subprocess.Popen([sys.executable, "-c", cl.SERVER, json.dumps([spec, "worker", i, None])],
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) for i in (1, 2)]

@@ -7,7 +7,7 @@ collective_all_reduce (every op of the step on its worker) trains synchronized: 
 batch-norm batch statistics at every step, its losses and its variables after the last step equal
 one device on the concatenated batch (2e-5 relative; measured ~1.5e-7), where plain python is off
 by more than 1e-2. parameter_server and distributed_replicated (the step runs ops on the ps) are
-refused on every worker in one line before the first step: see graphsync/shared_tasks.py for why
+refused on every worker in one line before the first step: see graphsync/plan/shared_tasks.py for why
 they cannot be synchronized (TensorFlow aborted them mid-run with `AbortedError … Cleanup`).
 """
 import json

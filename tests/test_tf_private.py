@@ -1,9 +1,9 @@
-"""Pins every private TensorFlow API graphsync uses (graphsync/tf_private.py): a TensorFlow upgrade
+"""Pins every private TensorFlow API graphsync uses (graphsync/graph/tf_private.py): a TensorFlow upgrade
 that changes one of them fails here first, by name."""
 import numpy as np
 import tensorflow as tf
 
-from graphsync import tf_private
+from graphsync.graph import tf_private
 
 tf1 = tf.compat.v1
 
@@ -102,7 +102,7 @@ def test_create_op_through_the_c_api_builds_what_graph_create_op_builds():
 def test_every_session_class_derives_from_the_session_base_class():
     base = tf_private.session_base_class()
     assert issubclass(tf1.Session, base) and issubclass(tf1.InteractiveSession, base)
-    assert "__init__" in base.__dict__   # graphsync.autosync wraps it
+    assert "__init__" in base.__dict__   # graphsync.autosync.patching wraps it
 
 
 def test_a_session_whose_init_never_ran_is_collected_quietly():

@@ -1,4 +1,4 @@
-"""Towers found by structure, whatever their scopes are called (graphsync/tower_structure.py) — and
+"""Towers found by structure, whatever their scopes are called (graphsync/towers/structure.py) — and
 never where there are none.
 
 Positive graphs: the CIFAR10 pattern (tests/towerlib.py) with its scopes renamed, rewritten with no
@@ -21,10 +21,10 @@ import graphsync
 import models
 import towerlib as tl
 from fixture_paths import ROOT
-from graphsync.autosync import AutoSync
+from graphsync.autosync.patching import AutoSync
 from graphsync.errors import NoTowersError
-from graphsync.plan import make_plan
-from graphsync.tower_names import pair_by_name
+from graphsync.plan.planner import make_plan
+from graphsync.towers.names import pair_by_name
 
 tf1 = tf.compat.v1
 SYNCED, UNSYNCED = 2e-5, 1e-3

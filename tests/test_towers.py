@@ -4,7 +4,7 @@ import pytest
 import graphsync
 import models
 import towerlib as tl
-from graphsync.towers import find_towers
+from graphsync.towers.scopes import find_towers
 
 BN = "bn/FusedBatchNormV3"
 

@@ -9,7 +9,7 @@ Both strategies offer the same two operations to the splice, per sync group of t
     allreduce.py    AllReduce: one packed collective per layer and direction, no central device
     views.py        statistics views, whose gradients sum the towers' at run time
     collectives.py  collective all-reduces, their keys and gradient
-    values.py       Synchronized (what a tower receives) and ProcessGroup
+    values.py       Synchronized (what a tower receives)
 """
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ from graphsync.errors import GraphsyncError
 from graphsync.exchange.allreduce import AllReduce
 from graphsync.exchange.collectives import differentiation
 from graphsync.exchange.gather import Gather
-from graphsync.exchange.values import ProcessGroup, Synchronized
+from graphsync.exchange.values import Synchronized
 from graphsync.exchange.views import summed_gradient
 
-__all__ = ["AllReduce", "Gather", "ProcessGroup", "Synchronized", "differentiation", "make_exchange",
+__all__ = ["AllReduce", "Gather", "Synchronized", "differentiation", "make_exchange",
            "summed_gradient"]
 
 

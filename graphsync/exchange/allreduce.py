@@ -13,9 +13,10 @@ from __future__ import annotations
 import tensorflow as tf
 
 from graphsync.exchange.collectives import CollectiveKeys, all_reduce, allreduce_keys, cross_process_group_key
-from graphsync.exchange.values import ProcessGroup, Synchronized
+from graphsync.between_graph.process_group import ProcessGroup
+from graphsync.exchange.values import Synchronized
 from graphsync.exchange.views import view
-from graphsync.tf_private import FastOps, pristine_scope
+from graphsync.graph.tf_private import FastOps, pristine_scope
 
 
 class AllReduce:

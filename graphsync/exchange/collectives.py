@@ -11,12 +11,10 @@ import weakref
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
-from graphsync.tf_private import create_op
+from graphsync.graph.tf_private import create_op
+from graphsync.graph.op_types import COLLECTIVE_TYPES
 
 ALLREDUCE_GRADIENT = "GraphsyncAllReduce"
-COLLECTIVE_TYPES = ("CollectiveReduce", "CollectiveReduceV2", "CollectiveGather", "CollectiveGatherV2",
-                    "CollectiveBcastSend", "CollectiveBcastRecv", "CollectiveBcastSendV2",
-                    "CollectiveBcastRecvV2", "CollectiveAllToAllV2", "CollectiveReduceScatterV2")
 
 _times_differentiated = weakref.WeakKeyDictionary()   # graph → Counter(op name → calls so far)
 

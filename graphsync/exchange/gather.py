@@ -9,7 +9,7 @@ import tensorflow as tf
 from graphsync import stats
 from graphsync.exchange.values import Synchronized
 from graphsync.exchange.views import view
-from graphsync.tf_private import FastOps, pristine_scope
+from graphsync.graph.tf_private import FastOps, pristine_scope
 
 AGGREGATION_SCOPE = "graphsync"
 

@@ -6,7 +6,7 @@ whose gradient sums the towers' gradients at run time — gather: one `AddN` on 
 device whose inputs each tower's tf.gradients call fills in; all-reduce: one collective — and
 returns the gradient of the tower's own (m, spread). A fused layer's normalization carries its
 tower's whole synchronized backward instead and exchanges its (a, b) the same way
-(`summed_gradient`, graphsync/splice.py). The merge itself is never differentiated, so each
+(`summed_gradient`, graphsync/splice/layer.py). The merge itself is never differentiated, so each
 tower's tf.gradients stays inside its tower plus one exchange per layer: with one call per tower
 or one over the summed losses, the ops added per tower do not grow with the number of towers.
 The gradient each tower receives is that of the sum of all towers' losses (as after a rewrite of
@@ -23,7 +23,7 @@ from tensorflow.core.framework import attr_value_pb2
 
 from graphsync.exchange.collectives import all_reduce, backward_key, differentiation
 from graphsync.exchange.values import Synchronized
-from graphsync.tf_private import create_op, pristine_scope, update_input
+from graphsync.graph.tf_private import create_op, pristine_scope, update_input
 
 UPLOAD_GRADIENT = "GraphsyncStatisticsUpload"
 VIEW_GRADIENT = "GraphsyncStatisticsView"

@@ -12,7 +12,7 @@ Everything is read from the function bodies, never from names: which branch trai
 each operand of the fused op comes from (directly, through Identity, through ReadVariableOp of a
 resource argument, or a constant), which If output carries y, the batch mean and the batch
 variance, and for each gradient If which input is dy and which outputs are dx, dγ, dβ. The bodies
-are never edited (graphsync/conditional.py builds the synchronized layer outside them).
+are never edited (graphsync/splice/stand_in.py builds the synchronized layer outside them).
 """
 from __future__ import annotations
 
@@ -20,13 +20,13 @@ import dataclasses
 
 import tensorflow as tf
 
-from graphsync import tf_private
-from graphsync.match.candidate import Candidate
+from graphsync.graph import tf_private
+from graphsync.match.candidate import Candidate, ConditionalParts
 from graphsync.match.fused import FUSED_TYPES
 
 IF_TYPES = ("If", "StatelessIf")
 STARTS = IF_TYPES   # the op types candidates() starts from (see match.starting_types)
-GATE_ATTR = "_graphsync_gate"   # on the Switch ops graphsync/conditional.py puts before a rewritten If
+GATE_ATTR = "_graphsync_gate"   # on the Switch ops graphsync/splice/stand_in.py puts before a rewritten If
 _FORWARD_OUTPUTS = {"y": 0, "batch_mean": 1, "batch_variance": 2}
 _GRAD_OUTPUTS = {"x_backprop": 0, "scale_backprop": 1, "offset_backprop": 2}
 _PASS_THROUGH = ("Identity",)
@@ -136,7 +136,7 @@ def _gradient_ifs(op: tf.Operation, branch: int, library: dict) -> list | str:
     creation order."""
     readers = {c for t in op.outputs for c in t.consumers() if c.type in IF_TYPES and c is not op}
     grads = []
-    for grad in sorted(readers, key=lambda g: g._id):  # pylint: disable=protected-access
+    for grad in sorted(readers, key=tf_private.creation_order):
         bodies = _branches(grad, library)
         if bodies is None:
             continue
@@ -164,9 +164,9 @@ def _gradient_ifs(op: tf.Operation, branch: int, library: dict) -> list | str:
     return grads
 
 
-def is_rewritten(op: tf.Operation, parts: dict) -> bool:
+def is_rewritten(op: tf.Operation, parts: ConditionalParts) -> bool:
     """graphsync gates a rewritten If's inputs with marked Switch ops."""
-    x = op.inputs[parts["operands"][0].index]
+    x = op.inputs[parts.operands[0].index]
     return x.op.type == "Switch" and GATE_ATTR in x.op.node_def.attr
 
 
@@ -190,7 +190,7 @@ def candidates(graph: tf.Graph) -> list[Candidate]:
         if isinstance(grads, str):
             found.append(Candidate(op, "conditional", grads))
             continue
-        parts = {"branch": branch, "node": node, "operands": operands, "outputs": outputs, "grads": grads}
+        parts = ConditionalParts(branch, node, tuple(operands), outputs, tuple(grads))
         reason = "already synchronized" if is_rewritten(op, parts) else None
         found.append(Candidate(op, "conditional", reason, parts))
     return found

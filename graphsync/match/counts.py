@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from graphsync import shapes
+from graphsync.graph import shapes
 
 _COUNT_OPS = ("Cast", "Prod", "GatherV2", "Gather", "StridedSlice", "Pack", "ConcatV2", "Identity",
               "Mul", "Reshape", "Squeeze", "Const", "Shape", "Size")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from graphsync import tf_private
+from graphsync.graph import tf_private
 from graphsync.match.candidate import Candidate
 
 FUSED_TYPES = ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")
@@ -23,7 +23,7 @@ def fused_gradient_ops(op: tf.Operation) -> list:
     reserve = op.outputs[3]
     grads = [c for c in reserve.consumers()
              if c.type.startswith("FusedBatchNormGrad") and c.inputs[3] is reserve]
-    return sorted(grads, key=lambda g: g._id)  # pylint: disable=protected-access
+    return sorted(grads, key=tf_private.creation_order)
 
 
 def is_live(op: tf.Operation) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from graphsync import shapes
+from graphsync.graph import shapes
 from graphsync.match.candidate import PerTower
 
 

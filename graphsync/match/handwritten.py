@@ -13,13 +13,13 @@ It is batch norm when the axes cover the batch axis 0 and the statistics normali
 The Candidate is a "moments" one (the splice reads parts x, variance, axes, keep_dims; the plan
 finds the gradient ops of the ops in parts["statistics"]);
 `variance_reads_mean` says the variance's gradient flows into m, so after the gradients are built
-the variance's cross-tower sum must be known before the mean's (graphsync/splice.py).
+the variance's cross-tower sum must be known before the mean's (graphsync/splice/layer.py).
 """
 from __future__ import annotations
 
 import tensorflow as tf
 
-from graphsync.match.candidate import Candidate
+from graphsync.match.candidate import Candidate, MomentsParts
 from graphsync.match.reductions import MeanOf, batch_axis_reason, mean_of, normalizes, statistics_ops
 
 
@@ -49,9 +49,9 @@ def candidate(mean: MeanOf, variance_op: tf.Operation, reads_mean: bool, what: s
         reason = "nothing reads its outputs (already synchronized, or unused)"
     elif reason is None and not normalizes(x, mean.tensor, variance):
         reason = f"{what} over the batch axis that normalize nothing: left per tower"
-    return Candidate(mean.tensor.op, "moments", reason, {
-        "variance": variance_op, "axes": mean.axes, "x": x, "keep_dims": mean.keep_dims,
-        "variance_reads_mean": reads_mean, "statistics": statistics_ops(x, [mean.tensor, variance]), **parts})
+    return Candidate(mean.tensor.op, "moments", reason, MomentsParts(
+        x, variance_op, tuple(mean.axes), mean.keep_dims, variance_reads_mean=reads_mean,
+        statistics=tuple(statistics_ops(x, [mean.tensor, variance])), **parts))
 
 
 def parse_variance(variance: tf.Tensor):

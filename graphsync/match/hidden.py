@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from graphsync import tf_private
+from graphsync.graph import tf_private
 from graphsync.match.fused import FUSED_TYPES
 
 FUNCTION_CALL_TYPES = ("If", "StatelessIf", "While", "StatelessWhile", "Case", "StatelessCase",
                        "PartitionedCall", "StatefulPartitionedCall")
 GRADIENT_TYPES = ("FusedBatchNormGrad", "FusedBatchNormGradV2", "FusedBatchNormGradV3")
 STARTS = FUNCTION_CALL_TYPES   # the op types that may hide a batch norm (see match.starting_types)
+CALL_TYPES = ("PartitionedCall", "StatefulPartitionedCall")   # tf.function calls, which graphsync inlines
+INLINED_ATTR = "_graphsync_inlined"   # marks a call graphsync/splice/inline.py inlined: it no longer runs
+INLINE_REMEDY = "call the function's Python code directly (without tf.function) when building the towers"
+
+
+def is_inlined(op: tf.Operation) -> bool:
+    """Whether graphsync already inlined this tf.function call (nothing reads it any more)."""
+    return INLINED_ATTR in op.node_def.attr
 
 
 def functions_with_training_batch_norm(graph: tf.Graph) -> set[str]:

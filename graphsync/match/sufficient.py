@@ -6,7 +6,7 @@
 
 Without a shift the same calls build E[x²] − m², graphsync/match/handwritten.py's. The variance
 reads the shifted mean, not the mean: once its gradients are built, their ops read the tower's
-shifted mean, which must become μ − s (`parts["shifted_mean"]`, `parts["shift"]`, the Square).
+shifted mean, which must become μ − s (MomentsParts' shifted_mean, shift and square).
 """
 from __future__ import annotations
 

@@ -11,6 +11,8 @@ the channels. Weights that vary per channel are listed with the reason.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import tensorflow as tf
 
 from graphsync.match.candidate import Candidate, PerTower
@@ -39,7 +41,7 @@ def candidates(graph: tf.Graph) -> list[Candidate]:
         variance_op, reads_mean = variance
         cand = candidate(mean, variance_op, reads_mean, "weighted moments", weights=weights)
         if cand.skip_reason is None and not _same_for_every_statistic(weights, mean):
-            cand.skip_reason = PER_STATISTIC
+            cand = dataclasses.replace(cand, skip_reason=PER_STATISTIC)
         found.append(cand)
     return found
 

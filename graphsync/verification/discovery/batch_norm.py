@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from graphsync import match, order, tf_private
-from graphsync.conditional import predicate
+from graphsync import match
+from graphsync.graph import order
+from graphsync.graph import tf_private
+from graphsync.plan.conditional import predicate
 from graphsync.match import conditional
-from graphsync.towers import Tower, tower_of
+from graphsync.towers.scopes import Tower, tower_of
 from graphsync.verification import trace
 
 
@@ -25,8 +27,8 @@ def batch_norm_ops(graph: tf.Graph, towers: list[Tower]) -> list[str]:
     hidden = {}   # a conditional layer's ops, named as trace.executed names what ran inside an If
     for cand in conditional.candidates(graph):
         if cand.parts:
-            hidden[f"{cand.name}/{cand.parts['node'].name}"] = cand.name
-            hidden.update({f"{grad.op.name}/{grad.node}": grad.op.name for grad in cand.parts["grads"]})
+            hidden[f"{cand.name}/{cand.parts.node.name}"] = cand.name
+            hidden.update({f"{grad.op.name}/{grad.node}": grad.op.name for grad in cand.parts.grads})
     names.extend(hidden)
     return order.sort_names(graph, {n for n in names if tower_of(n, towers) is not None
                                     and not n.startswith("graphsync/") and "_sync/" not in n and "_sync_grad_" not in n},

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from graphsync import shapes
+from graphsync.graph import shapes
 
 PASS_THROUGH = ("Identity", "Cast", "Reshape", "Squeeze", "ExpandDims", "StopGradient", "Snapshot",
                 "ToInt64", "ToInt32", "Split", "SplitV", "Slice", "StridedSlice", "Unpack")

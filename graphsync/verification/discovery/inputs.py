@@ -6,7 +6,7 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
-from graphsync import shapes
+from graphsync.graph import shapes
 from graphsync.errors import GraphsyncError
 from graphsync.verification.discovery import classes, names
 

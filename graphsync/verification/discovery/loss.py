@@ -8,7 +8,7 @@ import re
 
 import tensorflow as tf
 
-from graphsync.towers import Tower
+from graphsync.towers.scopes import Tower
 from graphsync.verification.discovery import names
 
 GRADIENT_SCOPE = re.compile(r"(^|/)gradients(_\d+)?/")

@@ -6,7 +6,7 @@ import re
 import tensorflow as tf
 
 from graphsync.errors import GraphsyncError
-from graphsync.towers import Tower, tower_of
+from graphsync.towers.scopes import Tower, tower_of
 
 
 def tensor(graph: tf.Graph, name: str) -> tf.Tensor:

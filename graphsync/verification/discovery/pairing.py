@@ -4,7 +4,7 @@ layer of each tower reads its examples form one input.
 Entries are paired by structure first: by dtype, example shape and the first layers they reach
 through ops that only carry examples on (the layers' op types and the input they read them
 through: `Conv2D` input 0), and, among a tower's entries alike in all that, by their place in the
-data path (the order the forward pass runs those layers, graphsync/order.py): the k-th such entry
+data path (the order the forward pass runs those layers, graphsync/graph/order.py): the k-th such entry
 of every tower forms one input. Whatever that leaves unpaired (towers with different numbers of
 such entries) is paired by dtype, example shape and the source they come from (the pieces of one
 split batch), then by dtype, example shape and output position (one iterator per replica), and
@@ -17,9 +17,9 @@ import dataclasses
 
 import tensorflow as tf
 
-from graphsync import order
+from graphsync.graph import order
 from graphsync.errors import GraphsyncError
-from graphsync.towers import Tower
+from graphsync.towers.scopes import Tower
 from graphsync.verification.discovery import entries as entries_module, names
 from graphsync.verification.discovery.loss import GRADIENT_SCOPE
 

@@ -5,9 +5,9 @@ import dataclasses
 
 import tensorflow as tf
 
-from graphsync import shapes
+from graphsync.graph import shapes
 from graphsync.errors import GraphsyncError
-from graphsync.towers import Tower
+from graphsync.towers.scopes import Tower
 from graphsync.verification.discovery import (batch_norm, entries, inputs, loss as losses, names, pairing, sources,
                                               state, synthetic, towers as tower_scopes)
 from graphsync.verification.discovery.inputs import Input, given as given_input

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from graphsync import shapes
+from graphsync.graph import shapes
 from graphsync.verification.discovery import sources
 from graphsync.verification.discovery.state import VARIABLE_TYPES
 

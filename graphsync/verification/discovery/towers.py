@@ -4,8 +4,8 @@ from __future__ import annotations
 import tensorflow as tf
 
 from graphsync.errors import GraphsyncError
-from graphsync.plan import make_plan
-from graphsync.towers import ROOT, Tower, find_towers, tower_of
+from graphsync.plan.planner import make_plan
+from graphsync.towers.scopes import ROOT, Tower, find_towers, tower_of
 
 
 def find(graph: tf.Graph, towers) -> list[Tower]:

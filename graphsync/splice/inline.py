@@ -36,20 +36,16 @@ from __future__ import annotations
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2, graph_pb2
 
-from graphsync import match, tf_private
+from graphsync import match
+from graphsync.graph import tf_private
 from graphsync.errors import GraphsyncError
-from graphsync.reroute import reroute_control_outputs, reroute_outputs
+from graphsync.graph.reroute import reroute_control_outputs, reroute_outputs
+from graphsync.match.hidden import CALL_TYPES, INLINE_REMEDY as REMEDY, INLINED_ATTR, is_inlined  # noqa: F401
 
-CALL_TYPES = ("PartitionedCall", "StatefulPartitionedCall")
-INLINED_ATTR = "_graphsync_inlined"
+
 INLINED_SUFFIX = "_inlined"   # never the call's own name: TensorFlow inlines a call it runs as `<call>/<node>`
-REMEDY = "call the function's Python code directly (without tf.function) when building the towers"
 _IF_TYPES = ("If", "StatelessIf")
 _HANDLE_PASSING = frozenset(match.FUNCTION_CALL_TYPES) | {"Identity", "Switch", "Merge"}
-
-
-def is_inlined(op: tf.Operation) -> bool:
-    return INLINED_ATTR in op.node_def.attr
 
 
 def planned(graph: tf.Graph, make_plan):

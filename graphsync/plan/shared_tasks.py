@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from graphsync import tf_private
+from graphsync.graph import tf_private
 from graphsync.errors import GraphsyncError
 
 

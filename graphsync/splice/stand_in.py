@@ -6,7 +6,7 @@ Per tower, with p the If's predicate and b the branch that trains:
     gate_i   = Switch(If input i, p)            for every data input of the If
     old If   ← the gates' other outputs          runs only when p ≠ b: the original inference
     stand-in = FusedBatchNormV3(gates' b outputs, is_training=True), the If's training branch
-               rebuilt in the main graph, which graphsync/splice.py then synchronizes like any
+               rebuilt in the main graph, which graphsync/splice/layer.py then synchronizes like any
                fused layer (forward, and backward from each gradient If's dy, gated alike)
     every reader of the If's y, mean, variance (and of a gradient If's dx, dγ, dβ)
              ← Merge(synchronized, original)
@@ -25,69 +25,12 @@ import dataclasses
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
-from graphsync import shapes
-from graphsync.errors import GraphsyncError
+from graphsync.graph.reroute import reroute_consumers, reroute_control_outputs
+from graphsync.graph.tf_private import create_op, pristine_scope, update_input
 from graphsync.match.conditional import GATE_ATTR
-from graphsync.plan import LayerPlan, Site
-from graphsync.reroute import reroute_consumers, reroute_control_outputs
-from graphsync.stats import Layout
-from graphsync.tf_private import create_op, pristine_scope, update_input
+from graphsync.plan.data import LayerPlan, Site
 
 STAND_IN_GRADIENT = "GraphsyncConditionalStandIn"   # also in match.GRAPHSYNC_GRADIENTS: never differentiated
-
-
-def predicate(pred: tf.Tensor) -> tf.Tensor:
-    """A predicate past Identity ops, which copy it without changing it."""
-    while pred.op.type == "Identity":
-        pred = pred.op.inputs[0]
-    return pred
-
-
-def check_one_flag(name: str, flags: dict) -> None:
-    """Refuses a layer whose towers read different flag tensors ({tower label: predicate}), which
-    could train some towers and evaluate others in one step."""
-    if len({f.ref() if f is not None else None for f in flags.values()}) > 1:
-        listed = ", ".join(f"{label} reads {flag.name if flag is not None else 'no flag'}"
-                           for label, flag in flags.items())
-        raise GraphsyncError(f"layer {name!r} is behind a different training flag in each tower ({listed}): "
-                             "feed every tower the same flag tensor")
-
-
-def layer_plan(name: str, per_tower) -> LayerPlan:
-    """One conditional layer: the same If in every tower, reading the same flag."""
-    check_one_flag(name, {t.label: predicate(c.op.inputs[0]) for t, c in per_tower})
-    signatures = [_signature(c) for _, c in per_tower]
-    first = per_tower[0][1].op
-    for (_, cand), sig in zip(per_tower[1:], signatures[1:]):
-        if sig != signatures[0]:
-            diff = ", ".join(f"{k}: {signatures[0][k]} vs {sig[k]}" for k in sig if sig[k] != signatures[0][k])
-            raise GraphsyncError(f"{first.name} and {cand.op.name} are paired as layer {name!r} but differ ({diff})")
-    counts = {t.label: len(c.parts["grads"]) for t, c in per_tower}
-    if len(set(counts.values())) > 1:
-        raise GraphsyncError(
-            f"layer {name!r} has a different number of gradient calls per tower ({counts}): "
-            "build gradients for every tower, or rewrite before building them")
-    sig, node = signatures[0], per_tower[0][1].parts["node"]
-    if sig["rank"] is None:
-        raise GraphsyncError(f"{first.name}: the rank of its batch norm's input is unknown; set a static rank")
-    sites = [Site(t, c.op, list(c.parts["grads"]), c.parts) for t, c in per_tower]
-    return LayerPlan(name, "conditional", sites, Layout.from_data_format(sig["rank"], sig["data_format"]),
-                     node.attr["epsilon"].f, sig["exponential_avg_factor"])
-
-
-def _x(cand) -> tf.Tensor:
-    return cand.op.inputs[cand.parts["operands"][0].index]
-
-
-def _signature(cand) -> dict:
-    node, x = cand.parts["node"], _x(cand)
-    mean = cand.op.outputs[cand.parts["outputs"].get(1, 0)]
-    return {"kind": node.op, "dtype": x.dtype.name, "rank": x.shape.rank,
-            "channels": shapes.dim(mean.shape, 0) if 1 in cand.parts["outputs"] and mean.shape.rank == 1 else None,
-            "epsilon": node.attr["epsilon"].f, "data_format": node.attr["data_format"].s.decode(),
-            "exponential_avg_factor": node.attr["exponential_avg_factor"].f
-            if "exponential_avg_factor" in node.attr else 1.0,
-            "training branch": cand.parts["branch"]}
 
 
 @dataclasses.dataclass
@@ -160,32 +103,33 @@ def _other_gradients(graph, grad, operand_plans, operands, n) -> dict:
 
 
 def stand_in(graph, layer: LayerPlan) -> tuple[LayerPlan, int]:
-    """Gates every tower's If and builds its stand-in fused layer (module docstring); returns the
-    fused LayerPlan that graphsync/splice.py synchronizes, and the edges moved."""
+    """Gates every tower's If and builds its stand-in fused layer (module docstring); returns a new
+    fused LayerPlan of the stand-ins, which graphsync/splice/layer.py synchronizes, and the edges
+    moved. The plan's own layer is left as it was."""
     sites, moved = [], 0
     for site in layer.sites:
         op, parts = site.op, site.parts
-        node, pred, branch = parts["node"], op.inputs[0], parts["branch"]
+        node, pred, branch = parts.node, op.inputs[0], parts.branch
         with pristine_scope(graph, site.device, op.name + "_sync"):
             gates = {i: _gate(graph, op.inputs[i], pred, branch, site.device) for i in range(1, len(op.inputs))}
-            operands = [_operand(graph, o, gates) for o in parts["operands"]]
+            operands = [_operand(graph, o, gates) for o in parts.operands]
             fused = create_op(graph, "FusedBatchNormV3", operands, _forward_attrs(node, STAND_IN_GRADIENT),
                               "stand_in")
             merged = {k: _merge(graph, fused.outputs[k], op.outputs[i], "merge")
-                      for k, i in sorted(parts["outputs"].items())}
+                      for k, i in sorted(parts.outputs.items())}
             grad_ops = []
-            for n, grad in enumerate(parts["grads"]):
+            for n, grad in enumerate(parts.grads):
                 dy = _gate(graph, grad.op.inputs[grad.dy], grad.op.inputs[0], branch, site.device)
                 grad_op = create_op(graph, "FusedBatchNormGradV3",
                                     [dy.taken, operands[0], operands[1]] + fused.outputs[3:6],
                                     _forward_attrs(node, forward=False), f"stand_in_grad_{n}")
                 grad_merged = {j: _merge(graph, grad_op.outputs[j], grad.op.outputs[i], f"grad_{n}_merge")
                                for j, i in enumerate(grad.outputs) if i is not None}
-                others = _other_gradients(graph, grad, parts["operands"], operands, n)
+                others = _other_gradients(graph, grad, parts.operands, operands, n)
                 grad_ops.append((grad, dy, grad_op, grad_merged, others))
         for i, gate in gates.items():
             update_input(op, i, gate.other)
-        for k, i in parts["outputs"].items():
+        for k, i in parts.outputs.items():
             moved += _reroute(op.outputs[i], merged[k])
         moved += reroute_control_outputs(op, [merged[0].op])
         for grad, dy, grad_op, grad_merged, others in grad_ops:
@@ -196,6 +140,5 @@ def stand_in(graph, layer: LayerPlan) -> tuple[LayerPlan, int]:
             for i, merged_zeros in others.items():
                 moved += _reroute(grad.op.outputs[i], merged_zeros)
             moved += reroute_control_outputs(grad.op, [grad_merged[0].op])
-        parts["stand_in"] = Site(site.tower, fused, [g for _, _, g, _, _ in grad_ops])
-        sites.append(parts["stand_in"])
-    return dataclasses.replace(layer, kind="fused", sites=sites), moved
+        sites.append(Site(site.tower, fused, tuple(g for _, _, g, _, _ in grad_ops)))
+    return dataclasses.replace(layer, kind="fused", sites=tuple(sites)), moved

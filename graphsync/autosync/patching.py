@@ -14,7 +14,7 @@ imported (by the script, whenever it does), three entry points are patched:
 
 Each hands the graph to `AutoSync.first_use`, which rewrites it at most once: graphs without
 towers or without batch norm, and graphs the script rewrote itself with `rewrite_towers()`, are
-left alone. Before a run the check is one version comparison (graphsync.session_copies); the
+left alone. Before a run the check is one version comparison (graphsync.autosync.session_copies); the
 graph is looked at again only when it gained ops that may be batch norm since the last look. A
 rewrite that would edit ops an open session already holds is refused (that session would ignore
 the edits), and batch norm added to the towers after the rewrite is reported: never an
@@ -36,7 +36,7 @@ import threading
 import warnings
 import weakref
 
-from graphsync.session_copies import SessionCopies
+from graphsync.autosync.session_copies import SessionCopies
 
 ON_ERROR = ("fail", "warn")
 
@@ -120,7 +120,8 @@ class AutoSync:
         looked = self._looked_at.get(graph)
         if looked is None:
             return True
-        from graphsync import match, tf_private
+        from graphsync import match
+        from graphsync.graph import tf_private
         starts = match.starting_types()
         if looked != graph.version and starts is not None and \
                 not any(op.type in starts for op in tf_private.ops_added_since(graph, looked)):
@@ -152,7 +153,7 @@ class AutoSync:
             return   # the usual case: no open session has run this graph yet, nothing to plan twice
         from graphsync.errors import GraphsyncError
         plan = _plan(graph, options)
-        op = self._copies.first_held(graph, [site.op for layer in plan.layers for site in layer.sites] + plan.calls)
+        op = self._copies.first_held(graph, [site.op for layer in plan.layers for site in layer.sites] + list(plan.calls))
         if op is not None:
             raise GraphsyncError(
                 f"graph {number}: {op.name} was part of a Session.run before the other towers were built, "
@@ -227,7 +228,8 @@ class AutoSync:
 
         # graphsync.rewrite registers graphsync's gradients, as `import graphsync` after TensorFlow
         # does: a script that differentiates a graph rewritten earlier (a saved one) needs them
-        from graphsync import rewrite, tf_private  # noqa: F401
+        from graphsync import rewrite  # noqa: F401
+        from graphsync.graph import tf_private
         first_use, before_run, copies = self.first_use, self.before_run, self._copies
         session_class = tf_private.session_base_class()
         extend = tf_private.session_extend_method()
@@ -341,10 +343,10 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
 
 def _plan(graph, options: dict):
-    """The plan rewrite_towers(graph, **options) would splice (graphsync.plan), the graph untouched."""
-    from graphsync.plan import make_plan
-    return make_plan(graph, options.get("towers"), options.get("device"), strategy=options.get("strategy", "gather"),
-                     group_size=options.get("group_size"), process_group=options.get("process_group"))
+    """The plan rewrite_towers(graph, **options) would splice, its tf.function calls listed rather
+    than inlined: the graph untouched."""
+    from graphsync.rewrite import plan_towers
+    return plan_towers(graph, inline_calls=False, **options)[0]
 
 
 def _one_line(text) -> str:

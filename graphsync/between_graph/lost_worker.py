@@ -1,8 +1,8 @@
 """Stopping a between-graph worker whose peer is lost: what `graphsync run` and `rewrite_towers`
 (a ProcessGroup with a heartbeat) share.
 
-A `LostWorkerGuard` holds the heartbeat (graphsync.heartbeat.PeerWatch) and the synchronized steps
-(graphsync.steps.Steps) of one process, and decides what a lost worker does to them:
+A `LostWorkerGuard` holds the heartbeat (graphsync.between_graph.heartbeat.PeerWatch) and the synchronized steps
+(graphsync.between_graph.steps.Steps) of one process, and decides what a lost worker does to them:
 
     between steps, or training over   nothing yet: the next synchronized step is refused
     during a step (or the meeting)    the step is cancelled (its sessions closed); if the script has
@@ -12,11 +12,11 @@ A `LostWorkerGuard` holds the heartbeat (graphsync.heartbeat.PeerWatch) and the 
     a step that failed on its own     it waits for the heartbeat's verdict on the peers (a peer that
                                       exited fails the collectives before the heartbeat notices)
 
-`meet()` is the workers' first meeting (graphsync.peers), the heartbeat starting once every server
+`meet()` is the workers' first meeting (graphsync.between_graph.peers), the heartbeat starting once every server
 is up. `stop_process()` ends the process with status 1 and, last on stderr, the lost worker's line
 (said once, by whichever thread comes first). `graphsync run` calls it when the script has ended
-(graphsync.between_graph: the script's own traceback comes first); `rewrite_towers`' guard calls
-it at the failed or refused step itself (graphsync.watched_steps, stop_at_step).
+(graphsync.autosync.worker: the script's own traceback comes first); `rewrite_towers`' guard calls
+it at the failed or refused step itself (graphsync.between_graph.watched_steps, stop_at_step).
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 
-from graphsync.steps import Steps
+from graphsync.between_graph.steps import Steps
 
 CANCEL_GRACE = 3.0    # seconds a cancelled step may take to reach the script before the process is ended
 
@@ -38,26 +38,26 @@ class LostWorkerGuard:
     def __init__(self, say, stop_at_step: bool = False):
         self.say, self.stop_at_step = say, stop_at_step
         self.steps = Steps()
-        self.watch = None           # graphsync.heartbeat.PeerWatch, once every server is up
-        self.lost = None            # graphsync.heartbeat.LostWorker that stopped a step
-        self.meeting = False        # the workers' first meeting (graphsync.peers) is under way
+        self.watch = None           # graphsync.between_graph.heartbeat.PeerWatch, once every server is up
+        self.lost = None            # graphsync.between_graph.heartbeat.LostWorker that stopped a step
+        self.meeting = False        # the workers' first meeting (graphsync.between_graph.peers) is under way
         self.ended = threading.Event()   # set when the script no longer runs steps
         self._said, self._said_lock = False, threading.Lock()
 
     def start_watch(self, task, interval: float) -> None:
         """Starts the heartbeat on every other training task of `task` (once per process)."""
         if self.watch is None:
-            from graphsync.heartbeat import PeerWatch
+            from graphsync.between_graph.heartbeat import PeerWatch
             self.watch = PeerWatch(task, interval, on_lost=self._on_lost).start()
 
     def meet(self, task, target: str, fingerprints: list[str], heartbeat: float, timeout: float,
              longer: str | None = None) -> None:
-        """The workers' first meeting (graphsync.peers) through the server at `target`: every
+        """The workers' first meeting (graphsync.between_graph.peers) through the server at `target`: every
         server up, then the heartbeat on (0: none), then every worker's layers the same, within
         `timeout` seconds in all (0: as long as it takes; `longer`: how to wait longer). Raises
         GraphsyncError when the meeting fails; a worker lost meanwhile stops the process instead
         (stop_at_step; else SystemExit(1), the line left to stop_process)."""
-        from graphsync import peers
+        from graphsync.between_graph import peers
         from graphsync.errors import GraphsyncError
         longer = longer or peers.LONGER
         started = time.monotonic()

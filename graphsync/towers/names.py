@@ -4,7 +4,7 @@ which batch norm of one tower is which of another's.
 A family is a set of sibling scopes (same parent scope) whose names become the same template once
 one integer run is taken out: `gpu_0`, `gpu_1` → `gpu_%d`; `task_0_tower_1` → `task_0_tower_%d` (and
 `task_%d_tower_1`); `t0_gpu` → `t%d_gpu`. Whether a family is towers is decided by the graph
-(graphsync/tower_structure.py); names only propose.
+(graphsync/towers/structure.py); names only propose.
 
 Layers pair across towers by their name relative to the tower. Frameworks let those names drift:
 a Keras model built once per tower uniquifies its layers (`sequential/batch_normalization` in one

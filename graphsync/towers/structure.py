@@ -1,6 +1,6 @@
 """Towers found by the graph's structure, whatever their scopes are called.
 
-A family of sibling scopes whose names differ only in an integer index (graphsync/tower_names.py)
+A family of sibling scopes whose names differ only in an integer index (graphsync/towers/names.py)
 is towers when the graph says they are replicas of one model trained data-parallel:
 
     same layers   every member holds the same batch norms under the same relative names (drift
@@ -27,10 +27,12 @@ from collections import Counter
 
 import tensorflow as tf
 
-from graphsync import match, shapes, tower_names
+from graphsync import match
+from graphsync.graph import shapes
+from graphsync.towers import names as tower_names
 from graphsync.errors import GraphsyncError
-from graphsync.tf_private import is_ref
-from graphsync.towers import Tower
+from graphsync.graph.tf_private import is_ref
+from graphsync.towers.scopes import Tower
 
 SLICING_TYPES = ("StridedSlice", "Slice", "Split", "SplitV", "Unpack", "GatherV2", "Gather", "ResourceGather")
 PARAMETERS = ("VariableV2", "Variable", "VarHandleOp", "Const")

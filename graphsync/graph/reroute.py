@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from graphsync import tf_private
+from graphsync.graph import tf_private
 
 
 def reroute_consumers(old: tf.Tensor, new: tf.Tensor, only=None) -> int:

@@ -4,7 +4,7 @@ Python op creation costs ~0.3 ms per op, so a rewrite that spelled the arithmeti
 would take longer than building the model. TensorFlow's fused kernels already compute what each
 tower needs, for every layout and dtype the original op accepted:
 
-    local moments     FusedBatchNormV3(x, 1, 0, is_training=True) → m̂_t, n_t/(n_t−1)·v_t, and
+    kernel moments    FusedBatchNormV3(x, 1, 0, is_training=True) → m̂_t, n_t/(n_t−1)·v_t, and
                         Σy = Σ(x − m̂_t)/s, the residual that makes the merge exact (float32)
     normalization     FusedBatchNormV3(x, γ, β, μ, σ², is_training=False) = (x − μ)·γ·r + β
     local grad sums   FusedBatchNormGradV3(g, x, γ, μ, σ², is_training=False)
@@ -22,8 +22,9 @@ from __future__ import annotations
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
-from graphsync import ref_races, stats
-from graphsync.tf_private import create_op, pristine_scope
+from graphsync import stats
+from graphsync.graph import ref_races
+from graphsync.graph.tf_private import create_op, pristine_scope
 
 LOCAL_MOMENTS_GRADIENT = "GraphsyncFusedLocalMoments"   # also how graphsync/match/fused.py recognizes graphsync's ops
 NORMALIZE_GRADIENT = "GraphsyncFusedNormalize"
@@ -43,7 +44,7 @@ def _attrs(x, epsilon, data_format, is_training, gradient=None, forward=True):
     return attrs
 
 
-def local_moments(graph, op: tf.Operation, ops):
+def kernel_moments(graph, op: tf.Operation, ops):
     """One tower's (size of x as int64, mean, Bessel-corrected variance, residual) from the kernel,
     by the original op's inputs (its mean/variance inputs are ignored in training mode, factor 1).
 

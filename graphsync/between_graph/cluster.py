@@ -10,7 +10,7 @@ and `worker` jobs, in that order: process 0 is the chief when there is one, else
      "task": {"type": "worker", "index": 1}}
 
 `rewrite_towers` finds its workers' addresses, for a ProcessGroup's heartbeat, in the group's own
-`cluster` (a server, a ClusterSpec, a dict), else in TF_CONFIG (`group_addresses`, `of_group`).
+`cluster` (a server, a ClusterSpec, a dict), else in TF_CONFIG (graphsync/between_graph/process_group.py).
 
 Cross-process collectives need every server to name the same group leader in its config
 (`experimental.collective_group_leader`): process 0's task, `/job:chief/replica:0/task:0` or
@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 
 from graphsync.errors import GraphsyncError
-from graphsync.exchange import ProcessGroup
 
 TRAINING_JOBS = ("chief", "master", "worker")
 
@@ -62,9 +60,6 @@ class ClusterTask:
     def leader(self) -> str:
         job, index = self.members[0]
         return device_of(job, index)
-
-    def process_group(self, timeout: float = 0.0) -> ProcessGroup:
-        return ProcessGroup(self.tasks, self.rank, timeout)
 
     def address(self, job: str, index: int) -> str:
         return self.cluster[job][index]
@@ -130,58 +125,3 @@ def server_def_with_leader(server_def) -> ClusterTask:
     if task.between_graph and not experimental.collective_group_leader:
         experimental.collective_group_leader = task.leader
     return task
-
-
-def group_addresses(group) -> tuple:
-    """A ProcessGroup's `cluster` as ((job, (address, …)), …): from the group's own cluster (a
-    tf.distribute.Server, tf.train.ClusterSpec, ClusterDef, dict, or this form), else TF_CONFIG's;
-    its training tasks must be the group's and, for a server or TF_CONFIG, its task the group's
-    index. Raises GraphsyncError (one line) when it is not, or when there is no cluster at all."""
-    where = f"ProcessGroup({group.tasks}, {group.index}, heartbeat={group.heartbeat:g})"
-    if group.cluster is None:
-        task = from_tf_config(os.environ.get("TF_CONFIG"))
-        if task is None:
-            raise GraphsyncError(f"{where} needs the workers' addresses to watch them: pass cluster= (the "
-                                 "tf.distribute.Server this worker started, its tf.train.ClusterSpec, or "
-                                 "{job: ['host:port', ...]}), or set TF_CONFIG")
-    else:
-        task = _task_of(group.cluster, group)
-    if task.tasks != group.tasks:
-        raise GraphsyncError(f"{where}: the cluster from {task.source} has {task.tasks} training task"
-                             f"{'s' if task.tasks != 1 else ''} (chief, master, worker), not {group.tasks}")
-    if task.rank != group.index:
-        this = f"{task.name} is not a training task" if task.rank is None else \
-            f"{task.name} is process index {task.rank}"
-        raise GraphsyncError(f"{where}: {this} in the cluster from {task.source}: give the process group this "
-                             "task's index")
-    return tuple((job, tuple(task.cluster[job])) for job in sorted(task.cluster))
-
-
-def of_group(group) -> ClusterTask:
-    """The task of this process in a ProcessGroup whose `cluster` group_addresses filled."""
-    cluster = {job: list(addresses) for job, addresses in group.cluster}
-    job, index = ClusterTask(cluster, "", 0).members[group.index]
-    return ClusterTask(cluster, job, index, "the process group")
-
-
-def _task_of(value, group) -> ClusterTask:
-    import tensorflow as tf
-    if isinstance(value, tf.distribute.Server):
-        return from_server_def(value.server_def)
-    if isinstance(value, tuple):
-        value = dict(value)
-    try:
-        spec = tf.train.ClusterSpec(value).as_dict()
-    except (TypeError, ValueError) as exc:
-        raise GraphsyncError(f"ProcessGroup cluster= must be a tf.distribute.Server, a tf.train.ClusterSpec or "
-                             f"{{job: ['host:port', ...]}}, not {type(value).__name__} ({exc})") from None
-    cluster = {}
-    for job, addresses in spec.items():
-        if isinstance(addresses, dict):   # a sparse job: tasks 0…n−1 only
-            if sorted(addresses) != list(range(len(addresses))):
-                raise GraphsyncError(f"ProcessGroup cluster=: job {job!r} lacks some of tasks 0…{max(addresses)}")
-            addresses = [addresses[i] for i in range(len(addresses))]
-        cluster[str(job)] = [str(a) for a in addresses]
-    members = ClusterTask(cluster, "", 0).members
-    job, index = members[group.index] if group.index < len(members) else ("", -1)
-    return ClusterTask(cluster, job, index, "cluster=")

@@ -2,13 +2,13 @@
 heartbeat=SECONDS))` in a between-graph script of one's own gets what `graphsync run` gives.
 
 `watch(graph, group, fingerprints)`, after the rewrite, hands the graph to the process's
-LostWorkerGuard (graphsync.lost_worker) and, the first time, wraps BaseSession.run for it (the one
+LostWorkerGuard (graphsync.between_graph.lost_worker) and, the first time, wraps BaseSession.run for it (the one
 patch the library makes; runs of other graphs pass straight through). At the graph's first
-synchronized step (graphsync.steps: a run that reaches a collective) the worker
+synchronized step (graphsync.between_graph.steps: a run that reaches a collective) the worker
 
-    waits for every training task's server (graphsync.peers.wait_for_servers),
-    starts the heartbeat on them (graphsync.heartbeat, once per process),
-    meets the others (graphsync.peers.compare_layers on the session's server): every worker's
+    waits for every training task's server (graphsync.between_graph.peers.wait_for_servers),
+    starts the heartbeat on them (graphsync.between_graph.heartbeat, once per process),
+    meets the others (graphsync.between_graph.peers.compare_layers on the session's server): every worker's
         layers the same, and a worker restarted alone into a running group refused by the leader;
 
 all within the group's `timeout` (0: as long as it takes). From then on a lost worker stops this
@@ -22,7 +22,7 @@ import sys
 import threading
 import weakref
 
-from graphsync.lost_worker import LostWorkerGuard
+from graphsync.between_graph.lost_worker import LostWorkerGuard
 
 _guard: LostWorkerGuard | None = None
 _unmet = weakref.WeakKeyDictionary()   # graph → (ClusterTask, ProcessGroup, fingerprints) before its first step
@@ -32,17 +32,17 @@ LONGER = "or wait longer with ProcessGroup(timeout=…)"
 
 def watch(graph, group, fingerprints: list[str]) -> None:
     """Guards the steps of `graph`, rewritten with `group` (whose heartbeat is on)."""
-    from graphsync import cluster
+    from graphsync.between_graph import process_group
     with _lock:
         guard = _installed()
         guard.steps.graphs.add(graph)
-        _unmet[graph] = (cluster.of_group(group), group, fingerprints)
+        _unmet[graph] = (process_group.of_group(group), group, fingerprints)
 
 
 def _installed() -> LostWorkerGuard:
     global _guard
     if _guard is None:
-        from graphsync import tf_private
+        from graphsync.graph import tf_private
         session_class = tf_private.session_base_class()
         original_run = session_class.run
         guard = LostWorkerGuard(_say, stop_at_step=True)

@@ -14,7 +14,7 @@ a between-graph graph first runs, each worker
    collective runtime knows the task's earlier incarnation), and says so.
 
 Both also line the workers up, so the first training step starts together. Later steps are
-watched by a heartbeat (graphsync.heartbeat), or bounded by the collectives' own timeout
+watched by a heartbeat (graphsync.between_graph.heartbeat), or bounded by the collectives' own timeout
 (ProcessGroup.timeout) when there is none.
 """
 from __future__ import annotations
@@ -23,9 +23,9 @@ import socket
 import time
 import weakref
 
-from graphsync.cluster import ClusterTask, device_of, task_name
+from graphsync.between_graph.cluster import ClusterTask, device_of, task_name
 from graphsync.errors import GraphsyncError
-from graphsync.plan import digest
+from graphsync.plan.data import digest
 
 HANDSHAKE_GROUP_KEY = (1 << 30) + 7      # clear of the synchronized layers' keys (exchange/collectives.py)
 HANDSHAKE_INSTANCE_KEY = (1 << 30) + 100
@@ -63,7 +63,7 @@ def _listening(address: str) -> bool:
 
 def compare_layers(task: ClusterTask, target: str, fingerprints: list[str], timeout: float,
                    said: float | None = None, opened=None, longer: str = LONGER) -> None:
-    """Gathers every worker's layer fingerprints (see graphsync.plan.fingerprints) through the
+    """Gathers every worker's layer fingerprints (see graphsync.plan.data.fingerprints) through the
     server at `target`; raises GraphsyncError when a worker's differ from this one's, or when not
     every worker joins within `timeout` seconds (0: wait forever; `said`: the wait to name), or
     when the gather is cancelled. `opened(session)` is told the gather's session (to close it

@@ -9,7 +9,7 @@ can be rewritten before a run only if no open session holds a copy of an op the 
 the ops created so far, so that one number says which ops the session holds (the `version` oldest)
 and whether its next run copies anything new (the graph's version moved): the check before every
 run is one dictionary lookup and one comparison, with no walk of the graph. Importing this module
-imports no TensorFlow (graphsync.autosync imports it before the script imports TensorFlow).
+imports no TensorFlow (graphsync.autosync.patching imports it before the script imports TensorFlow).
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ class SessionCopies:
 
     def held(self, graph) -> int:
         """How many ops of `graph` (the oldest) an open session already holds: 0 when none."""
-        from graphsync import tf_private
+        from graphsync.graph import tf_private
         return max((self._versions.get(key, 0) for key, session in list(self._sessions.items())
                     if session.graph is graph and tf_private.session_is_open(session)), default=0)
 
@@ -50,7 +50,7 @@ class SessionCopies:
         Every op a rewrite edits consumes one of its batch-norm ops (directly or through ops created
         after them), and an op is always created after its inputs: passing the batch-norm ops of the
         plan is enough."""
-        from graphsync import tf_private
+        from graphsync.graph import tf_private
         version = self.held(graph)
         if not version or not ops:
             return None

@@ -12,6 +12,8 @@ from __future__ import annotations
 import threading
 import weakref
 
+from graphsync.graph.op_types import COLLECTIVE_TYPES
+
 
 class Steps:
     def __init__(self):
@@ -69,7 +71,6 @@ def _fetched_ops(graph, fetches) -> tuple | None:
 
 
 def _reaches_collective(graph, names: tuple) -> bool:
-    from graphsync.exchange.collectives import COLLECTIVE_TYPES   # imports TensorFlow: not before the script does
     seen, stack = set(names), [graph.get_operation_by_name(n) for n in names]
     while stack:
         op = stack.pop()

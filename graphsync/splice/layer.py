@@ -11,33 +11,40 @@ import dataclasses
 
 import tensorflow as tf
 
-from graphsync import conditional, fused, match, stats
+from graphsync import match, stats
 from graphsync.exchange import Synchronized, differentiation, summed_gradient
-from graphsync.plan import LayerPlan, Site
-from graphsync.reroute import reroute_consumers, reroute_control_outputs
-from graphsync.tf_private import FastOps, pristine_scope
+from graphsync.graph.reroute import reroute_consumers, reroute_control_outputs
+from graphsync.graph.tf_private import FastOps, pristine_scope
+from graphsync.plan.data import LayerPlan, Site
+from graphsync.splice import fused_kernels as fused
+from graphsync.splice import stand_in
 
 SYNCHRONIZED_NORMALIZE_GRADIENT = "GraphsyncSynchronizedNormalize"   # also in match.GRAPHSYNC_GRADIENTS
 
 
 @dataclasses.dataclass
-class SpliceCount:
+class Spliced:
+    """What splicing one layer made: the edges it moved, the gradient ops it replaced, and the
+    sites it synchronized (the plan's, or for a conditional layer the stand-ins it built)."""
+
     edges: int = 0
     control_edges: int = 0
     grads_replaced: int = 0
+    layer: LayerPlan | None = None
 
 
-def splice_layer(graph: tf.Graph, layer: LayerPlan, exchange) -> SpliceCount:
-    """Synchronizes one layer through `exchange` (see graphsync.exchange); returns what moved."""
-    count = SpliceCount()
+def splice_layer(graph: tf.Graph, layer: LayerPlan, exchange) -> Spliced:
+    """Synchronizes one layer through `exchange` (see graphsync.exchange); returns what it made."""
+    count = Spliced()
     if layer.kind == "conditional":
-        layer, count.edges = conditional.stand_in(graph, layer)
+        layer, count.edges = stand_in.stand_in(graph, layer)
+    count.layer = layer
     if layer.kind == "fused":
         uploads = []
         for site in layer.sites:
             op = site.op
             with pristine_scope(graph, site.device, op.name + "_sync"), graph.control_dependencies(op.control_inputs):
-                uploads.append(fused.local_moments(graph, op, exchange.ops))
+                uploads.append(fused.kernel_moments(graph, op, exchange.ops))
         statistics = exchange.moments(graph, layer, layer.sites, uploads, spread="bessel")
         scales = [fused.forward_read(graph, site.op.inputs[1], site.device, site.op.name + "_sync")
                   for site in layer.sites]
@@ -50,9 +57,9 @@ def splice_layer(graph: tf.Graph, layer: LayerPlan, exchange) -> SpliceCount:
         for site in layer.sites:
             with pristine_scope(graph, site.device, site.op.name + "_sync"), \
                     graph.control_dependencies(site.op.control_inputs):
-                weights = site.parts.get("weights")
-                uploads.append(stats.local_moments(site.parts["x"], layer.layout) if weights is None else
-                               stats.weighted_local_moments(site.parts["x"], weights, layer.layout))
+                weights = site.parts.weights
+                uploads.append(stats.local_moments(site.parts.x, layer.layout) if weights is None else
+                               stats.weighted_local_moments(site.parts.x, weights, layer.layout))
         statistics = exchange.moments(graph, layer, layer.sites, uploads)
         for site, s in zip(layer.sites, statistics):
             _moments_forward(graph, layer, site, s, count)
@@ -65,7 +72,7 @@ def _data_format(op: tf.Operation) -> str:
     return op.get_attr("data_format").decode()
 
 
-def _fused_forward(graph, layer: LayerPlan, site: Site, s: Synchronized, scale, count: SpliceCount):
+def _fused_forward(graph, layer: LayerPlan, site: Site, s: Synchronized, scale, count: Spliced):
     """y, batch mean and Bessel-corrected batch variance (or, with exponential_avg_factor f ≠ 1,
     the new moving averages) exactly as the op would compute them on the concatenated batch.
     `scale` is γ as fused.forward_read gives it."""
@@ -85,7 +92,7 @@ def _fused_forward(graph, layer: LayerPlan, site: Site, s: Synchronized, scale, 
     count.control_edges += reroute_control_outputs(op, [y.op])
 
 
-def _fused_backward(graph, layer: LayerPlan, exchange, statistics, scales, k: int, count: SpliceCount):
+def _fused_backward(graph, layer: LayerPlan, exchange, statistics, scales, k: int, count: Spliced):
     """Replaces the k-th FusedBatchNormGrad of every tower by the synchronized backward; γ is read
     from `scales` (the forward's reads, see fused.forward_read), never again from its variable."""
     local = []
@@ -139,14 +146,14 @@ def _synchronized_normalize_gradient(op, dy, *_unused):
     return [dx, sum_dy_xhat, sum_dy, None, None]
 
 
-def _moments_forward(graph, layer: LayerPlan, site: Site, s: Synchronized, count: SpliceCount):
+def _moments_forward(graph, layer: LayerPlan, site: Site, s: Synchronized, count: Spliced):
     """The moments' mean and variance become the global ones for every reader: normalization,
     moving averages, summaries, and the subgraph's own StopGradient (which the variance gradient
     reads). Shape-only readers of the squared difference move to x, which has its shape. The
     gradient ops of a shifted mean's square read μ − s (graphsync/match/sufficient.py)."""
-    mean_op, variance_op, sqdiff = site.op, site.parts["variance"], site.parts.get("sqdiff")
+    mean_op, variance_op, sqdiff = site.op, site.parts.variance, site.parts.sqdiff
     mean, variance = s.mean, s.variance
-    if not site.parts["keep_dims"]:
+    if not site.parts.keep_dims:
         with pristine_scope(graph, site.device, site.op.name + "_sync"):
             mean, variance = (tf.squeeze(t, list(layer.layout.axes)) for t in (mean, variance))
     count.edges += reroute_consumers(mean_op.outputs[0], mean)
@@ -156,15 +163,15 @@ def _moments_forward(graph, layer: LayerPlan, site: Site, s: Synchronized, count
         count.edges += reroute_consumers(sqdiff.outputs[0], sqdiff.inputs[0], only=shape_readers)
     readers = [op for g in site.grad_ops for op in g.shifted_mean_readers]
     if readers:
-        shifted = site.parts["shifted_mean"]
+        shifted = site.parts.shifted_mean
         with pristine_scope(graph, site.device, site.op.name + "_sync"):
-            recentred = tf.math.subtract(mean, site.parts["shift"], name="shifted_mean")
+            recentred = tf.math.subtract(mean, site.parts.shift, name="shifted_mean")
         count.edges += reroute_consumers(shifted, recentred, only=readers)
     for op in (mean_op, variance_op):
         count.control_edges += reroute_control_outputs(op, [mean.op, variance.op])
 
 
-def _moments_backward(graph, layer: LayerPlan, exchange, statistics, k: int, count: SpliceCount):
+def _moments_backward(graph, layer: LayerPlan, exchange, statistics, k: int, count: Spliced):
     """The gradients arriving at every tower's mean (and variance) are summed across towers, both
     in one exchange; each tower's Mean gradient then receives n_t/N of the sum, so it hands
     Σ_s g_s / N to its x: the gradient of the global moments. Together with the forward's global
@@ -175,7 +182,7 @@ def _moments_backward(graph, layer: LayerPlan, exchange, statistics, k: int, cou
         return
     # A variance that reads m unstopped sends gradient into m: its sum must come first (two exchanges).
     phases = [["variance"], ["mean"]] if which == ["mean", "variance"] and \
-        layer.sites[0].parts.get("variance_reads_mean") else [which]
+        layer.sites[0].parts.variance_reads_mean else [which]
     for phase in phases:
         tag = f"backward_{k}" if len(phases) == 1 else f"backward_{k}_{phase[0]}"
         totals = exchange.sums(graph, layer, layer.sites, [[getattr(g, w) for w in phase] for g in grads], tag)

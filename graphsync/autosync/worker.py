@@ -1,18 +1,18 @@
 """`graphsync run` on a between-graph worker: its graph synchronized with every other worker's.
 
-`BetweenGraphSync` is an AutoSync (graphsync.autosync) that also knows the process's cluster and
+`BetweenGraphSync` is an AutoSync (graphsync.autosync.patching) that also knows the process's cluster and
 task — from the `tf.distribute.Server` the script creates, else from `TF_CONFIG` — and then:
 
     server created     the server's config gets the collective group leader when it names none
-                       (graphsync.cluster.server_def_with_leader), before the server starts
+                       (graphsync.between_graph.cluster.server_def_with_leader), before the server starts
     options_for(graph) strategy="allreduce" and process_group=ProcessGroup(tasks, rank, timeout):
                        the worker's towers (its usual single unscoped tower, or several) are
                        synchronized with every tower of every training process
     rewritten(graph)   one line on stderr saying which process of how many this is; then the
-                       bounded meeting of the workers (graphsync.peers): every server up, and
+                       bounded meeting of the workers (graphsync.between_graph.peers): every server up, and
                        every worker's layers the same, before the graph first runs; from the
-                       moment every server is up, a heartbeat (graphsync.heartbeat) watches them
-    Session.run        counts the synchronized steps (graphsync.steps)
+                       moment every server is up, a heartbeat (graphsync.between_graph.heartbeat) watches them
+    Session.run        counts the synchronized steps (graphsync.between_graph.steps)
 
 A lost worker (its server silent for `heartbeat` seconds, or restarted) stops this one: a running
 synchronized step is cancelled (its sessions closed), a later one is refused, a step that failed
@@ -21,7 +21,7 @@ the process ends with status 1 and, last on stderr, one line naming the lost tas
 (restart every worker: each resumes from its last checkpoint). With a heartbeat the collectives
 wait for slow peers forever: only the heartbeat decides a worker is gone (heartbeat 0: no watch,
 and every collective fails after `peer_timeout` instead). A worker restarted alone into a running
-group never joins their steps: the group leader refuses it at the first meeting (graphsync.peers);
+group never joins their steps: the group leader refuses it at the first meeting (graphsync.between_graph.peers);
 the others, whose heartbeat saw it go, stop at their next synchronized step.
 
 A process that is not one of several training tasks (a ps, an evaluator, a cluster of one) is
@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import os
 
-from graphsync.autosync import AutoSync
-from graphsync.lost_worker import LostWorkerGuard
+from graphsync.autosync.patching import AutoSync
+from graphsync.between_graph.lost_worker import LostWorkerGuard
+from graphsync.between_graph.process_group import ProcessGroup
 
 DEFAULT_PEER_TIMEOUT = 300.0
 DEFAULT_HEARTBEAT = 10.0   # seconds without an answer: lost (TensorFlow's coordination service's default too)
@@ -53,12 +54,12 @@ class BetweenGraphSync(AutoSync):
         self.peer_timeout, self.heartbeat = peer_timeout, heartbeat
         self.guard = LostWorkerGuard(lambda line: self._say(line, error=True))   # the heartbeat and the steps
         self.tf_config = os.environ.get("TF_CONFIG") if tf_config is None else tf_config
-        self.server_task = None     # graphsync.cluster.ClusterTask of the last server created
+        self.server_task = None     # graphsync.between_graph.cluster.ClusterTask of the last server created
         self.server_target = None
 
     def task(self):
         """The cluster task of this process: its server's, else TF_CONFIG's (None: neither)."""
-        from graphsync import cluster
+        from graphsync.between_graph import cluster
         return self.server_task or cluster.from_tf_config(self.tf_config)
 
     # -- the patches ---------------------------------------------------------------------------
@@ -66,7 +67,8 @@ class BetweenGraphSync(AutoSync):
     def patch_points(self) -> list:
         import tensorflow as tf
 
-        from graphsync import cluster, tf_private
+        from graphsync.between_graph import cluster
+        from graphsync.graph import tf_private
         original = tf.distribute.Server.__init__
         original_run = tf_private.session_base_class().run
         watch, guard = self, self.guard
@@ -97,7 +99,7 @@ class BetweenGraphSync(AutoSync):
     # -- the per-graph decision ------------------------------------------------------------------
 
     def first_use(self, graph) -> None:
-        from graphsync import peers
+        from graphsync.between_graph import peers
         if graph not in peers.HANDSHAKE_GRAPHS:
             super().first_use(graph)
 
@@ -118,7 +120,7 @@ class BetweenGraphSync(AutoSync):
                       "its graphs are synchronized within this process only")
             return options
         timeout = 0.0 if self.heartbeat else self.peer_timeout   # with a heartbeat, it decides who is lost
-        return dict(options, strategy="allreduce", process_group=task.process_group(timeout))   # watched here
+        return dict(options, strategy="allreduce", process_group=ProcessGroup.of_task(task, timeout))   # watched here
 
     def rewritten(self, graph, report) -> None:
         if report.process_group is None:

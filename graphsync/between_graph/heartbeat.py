@@ -9,7 +9,7 @@ heartbeats into it, so nothing ever aborts; the collective runtime's peer health
 (`context.check_collective_ops_peer_health`) needs an eager context that owns the server. So a
 `PeerWatch` thread makes that health check itself: every `poll` seconds it asks each peer's
 server for its device incarnations (`WorkerService.GetStatus`, the RPC TensorFlow's own check
-sends; graphsync.tf_private.worker_incarnations). A peer is lost when
+sends; graphsync.graph.tf_private.worker_incarnations). A peer is lost when
 
     now − (its last answer) ≥ interval         (exited, killed, frozen or unreachable), or
     its incarnations changed                   (restarted: a new server on the same address).
@@ -24,8 +24,8 @@ import dataclasses
 import threading
 import time
 
-from graphsync import tf_private
-from graphsync.cluster import ClusterTask, device_of, task_name
+from graphsync.graph import tf_private
+from graphsync.between_graph.cluster import ClusterTask, device_of, task_name
 
 
 @dataclasses.dataclass

@@ -25,8 +25,8 @@ import dataclasses
 
 import tensorflow as tf
 
-from graphsync import order
-from graphsync.tf_private import is_ref
+from graphsync.graph import order
+from graphsync.graph.tf_private import is_ref
 
 VARIABLE_TYPES = ("VariableV2", "Variable", "TemporaryVariable")
 ALIASING_TYPES = ("Identity", "RefIdentity", "Switch", "RefSwitch", "Enter", "RefEnter")

@@ -1,6 +1,6 @@
 """Which name scopes are towers: the known names (a fast path) and the towers= option.
 
-Towers are found by structure (graphsync/tower_structure.py, over the names tower_names.py
+Towers are found by structure (graphsync/towers/structure.py, over the names tower_names.py
 proposes) whenever these names do not settle it. Scopes, not devices, identify towers (slim's
 `clone_on_cpu` puts every clone on one device). The known names:
 

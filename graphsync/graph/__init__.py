@@ -1,0 +1,9 @@
+"""TensorFlow primitives that know nothing of batch norm; every other stage builds on them.
+
+    tf_private  every private TensorFlow API graphsync touches, one wrapper each
+    reroute     moving edges from old tensors and ops to their replacements, checked
+    order       the order the forward pass runs ops in (listings read input to output)
+    shapes      static shapes as plain ints and None, whichever TensorFlow behaviour built them
+    op_types    op types several stages recognize (collectives)
+    ref_races   reads of TF1 ref variables that race their own update in one step
+"""

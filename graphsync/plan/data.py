@@ -1,0 +1,119 @@
+"""The plan: which ops form each synchronized layer, where its aggregation runs and which
+gradient ops its backward replaces. Frozen records, made by graphsync/plan/planner.py and only
+read by the splice (graphsync/splice/), which returns what it builds instead of writing here.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+
+import tensorflow as tf
+
+from graphsync import match
+from graphsync.graph import shapes, tf_private
+from graphsync.match.candidate import ConditionalParts, MomentsParts
+from graphsync.stats import Layout
+from graphsync.towers.scopes import Tower, tower_of
+
+
+@dataclasses.dataclass(frozen=True)
+class Site:
+    """One layer in one tower: its op (the fused op, or the moments' mean), the other ops of a
+    moments subgraph, and one entry per gradient call that differentiates it (a FusedBatchNormGrad
+    op, or a `MomentsGrad`)."""
+
+    tower: Tower
+    op: tf.Operation
+    grad_ops: tuple
+    parts: MomentsParts | ConditionalParts | None = None
+
+    @property
+    def device(self) -> str:
+        return self.op.device
+
+
+@dataclasses.dataclass(frozen=True)
+class MomentsGrad:
+    """One gradient call through a moments subgraph: the gradients arriving at its mean and
+    variance (None when nothing differentiates that output), and the ops of the call that read
+    them (the Mean gradient functions)."""
+
+    call: str
+    mean: tf.Tensor | None
+    mean_readers: tuple
+    variance: tf.Tensor | None
+    variance_readers: tuple
+    shifted_mean_readers: tuple = ()   # ops of the call that read a shifted mean (match/sufficient.py)
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerPlan:
+    """One layer to synchronize: the same op in every tower, and its common attributes."""
+
+    name: str
+    kind: str
+    sites: tuple[Site, ...]
+    layout: Layout
+    epsilon: float
+    avg_factor: float
+
+    @property
+    def has_gradients(self) -> bool:
+        return bool(self.sites[0].grad_ops)
+
+    @property
+    def shown_kind(self) -> str:
+        """What reports call the layer: "conditional" behind a tensor training flag (a v2 If, or a
+        fused op inside a v1 tf.cond), else its kind."""
+        if self.kind == "fused" and tf_private.control_flow_context(self.sites[0].op) is not None:
+            return "conditional"
+        return self.kind
+
+    @property
+    def residual_epsilon(self) -> float | None:
+        """The ε of a fused layer's residuals: its statistics kernel uploads Σ(x − m̂)/√(v + ε)
+        (graphsync/splice/fused_kernels.py), which the merge scales back; moments residuals are Σ(x − m̂) (None)."""
+        return self.epsilon if self.kind == "fused" else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Everything the splice needs, validated: nothing in it changes once made."""
+
+    towers: tuple[Tower, ...]
+    device: str
+    layers: tuple[LayerPlan, ...]
+    skipped: tuple[tuple[str, str], ...]
+    strategy: str = "gather"
+    groups: tuple = ()     # tower indices per sync group
+    process_group: object = None
+    found_by: str = ""     # how the towers were found: "known name", "structure: gpu_%d", "towers= option"
+    calls: tuple = ()      # tower tf.function calls to inline first (splice/inline.py)
+
+    @property
+    def kept_per_tower(self) -> list[tuple[str, str]]:
+        """The skipped batch statistics that train inside one of several towers (or one worker's)
+        and stay per tower (match.PerTower reasons): the step is not one device's there."""
+        if len(self.towers) < 2 and self.process_group is None:
+            return []
+        return [(op, why) for op, why in self.skipped
+                if isinstance(why, match.PerTower) and tower_of(op, self.towers) is not None]
+
+
+def fingerprints(plan: Plan) -> list[str]:
+    """One line per synchronized layer with what every worker process of a between-graph job must
+    agree on (name, op, dtype, per-example shape, attributes, towers, gradient calls); the batch
+    size is left out, workers may differ in it."""
+    lines = []
+    for layer in plan.layers:
+        op = layer.sites[0].op
+        x = layer.sites[0].parts.x if isinstance(layer.sites[0].parts, MomentsParts) else op.inputs[0]
+        lines.append(f"{layer.name} {op.type} {x.dtype.name} {shapes.text(x.shape[1:])} "
+                     f"axes={layer.layout.axes} eps={layer.epsilon:g} avg={layer.avg_factor:g} "
+                     f"towers={len(layer.sites)} gradients={len(layer.sites[0].grad_ops)}")
+    return lines
+
+
+def digest(text: str) -> int:
+    """A stable 63-bit digest (the same in every process, unlike hash())."""
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") >> 1

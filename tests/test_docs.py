@@ -189,6 +189,8 @@ def _invoke(args):
 
     from cli.main import main
     saved = sys.argv[:], sys.path[:], sys.modules["__main__"]
+    if args[0] == "run" and "tensorflow" in sys.modules:   # a script builds into the default graph:
+        sys.modules["tensorflow"].compat.v1.reset_default_graph()   # a fresh one, as in a new process
     try:
         return CliRunner().invoke(main, args, catch_exceptions=False)
     finally:

@@ -58,7 +58,7 @@ def test_one_table_lists_every_refusal():
             if message.startswith("internal"):
                 continue   # a bug of graphsync's, not a refusal
             # the message's longest literal stretch (between its {formatted values}), its first 24 characters
-            words = max(re.split(r"\{[^}]*\}", message), key=len).strip(" :;,(")[:24]
+            words = max(re.split(r"\{[^}]*\}", message), key=len).strip(" :;,()")[:24]
             if words not in table:
                 missing.append(f"{os.path.relpath(path, ROOT)}: {message}")
     assert not missing, "refusals missing from the README's table:\n" + "\n".join(missing)

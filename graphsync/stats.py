@@ -1,4 +1,4 @@
-"""The arithmetic of synchronized moments (see shared/docs/syncbn-math.md), as graph ops.
+"""The arithmetic of synchronized moments (the math: docs/how-it-works.md), as graph ops.
 
 Per tower t, on its own device:      n_t, m_t, M2_t = Σ (x − m_t)²          (two-pass)
 On the aggregation device (float64): N = Σ n_t

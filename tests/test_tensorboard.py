@@ -5,7 +5,7 @@ renders the graph dashboard.
 
 Both processes run in their own process groups and are always ended. Without `tensorboard` or
 `chromium` the tests skip locally and fail under CI (.ci/run installs both). Set
-GRAPHSYNC_SCREENSHOT=docs/tensorboard.png to refresh the README's screenshot.
+GRAPHSYNC_SCREENSHOT=docs/tensorboard.png to refresh the screenshot docs/tensorboard.md shows.
 """
 from __future__ import annotations
 

@@ -78,7 +78,7 @@ def test_no_per_tower_batch_norm_op_runs_after_the_rewrite(fixture_reports):
 def test_bytes_per_layer_are_the_sufficient_statistics(fixture_reports):
     """Each tower off the aggregation device sends C means and C sums of squares (float32) and its
     count, and gets μ and σ² back, plus at most a few scalars; backward 2C float32 each way
-    (see shared/docs/syncbn-math.md). Float32 layers also send C residuals Σ(x − m̂) (fused: over s)
+    (docs/how-it-works.md). Float32 layers also send C residuals Σ(x − m̂) (fused: over s)
     up: float32 means alone cannot carry the precision Chan's merge needs at |μ|/σ = 1e4 (issue 11)."""
     name, report, towers = fixture_reports
     remote = towers - 1

@@ -1,4 +1,5 @@
-"""Synchronizing the multi-tower graphs of an unchanged script, just before each is first used.
+"""The TensorFlow entry points `graphsync run` patches, so that every multi-tower graph of an
+unchanged script is decided (graphsync/autosync/decide.py) just before it is first used.
 
 `graphsync run train.py` installs an AutoSync before the script starts. Once TensorFlow is
 imported (by the script, whenever it does), three entry points are patched:
@@ -12,15 +13,8 @@ imported (by the script, whenever it does), three entry points are patched:
                           towers were built (`with tf.Graph().as_default(), tf.compat.v1.Session()`
                           around the script, an InteractiveSession on its first line) shows them here
 
-Each hands the graph to `AutoSync.first_use`, which rewrites it at most once: graphs without
-towers or without batch norm, and graphs the script rewrote itself with `rewrite_towers()`, are
-left alone. Before a run the check is one version comparison (graphsync.autosync.session_copies); the
-graph is looked at again only when it gained ops that may be batch norm since the last look. A
-rewrite that would edit ops an open session already holds is refused (that session would ignore
-the edits), and batch norm added to the towers after the rewrite is reported: never an
-unsynchronized step without a line. The per-graph choice is `AutoSync.options_for(graph)` (None:
-leave it alone), and the patch table is `AutoSync.patch_points()`: a subclass extends either
-without touching the rest.
+Each hands the graph to `first_use` (or, before a run, `before_run`). The patch table is
+`AutoSync.patch_points()`: a subclass extends it without touching the rest.
 
 Nothing here imports TensorFlow: until the script imports it, the only cost is one entry in
 sys.meta_path that waits for the `tensorflow` package to finish importing.
@@ -29,195 +23,20 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.util
-import itertools
 import os
 import sys
-import threading
-import warnings
-import weakref
 
-from graphsync.autosync.session_copies import SessionCopies
-
-ON_ERROR = ("fail", "warn")
+from graphsync.autosync.decide import GraphDecisions, _one_line
 
 
-class AutoSync:
-    """Rewrites every multi-tower graph once, before its first session, finalization or run.
+class AutoSync(GraphDecisions):
+    """Rewrites every multi-tower graph once, before its first session, finalization or run
+    (options as GraphDecisions takes them), by patching TensorFlow while installed."""
 
-    options:  keyword arguments of rewrite_towers (towers, device, strategy, group_size).
-    on_error: 'fail' — a graph that cannot be rewritten stops the script (one line on stderr,
-              SystemExit(1)), the graph untouched; 'warn' — one line, and the script runs on
-              with that graph unsynchronized.
-    quiet / verbose: no lines but errors / also the layer table and the graphs left alone.
-    """
-
-    def __init__(self, *, on_error: str = "fail", quiet: bool = False, verbose: bool = False, stream=None,
-                 **options):
-        if on_error not in ON_ERROR:
-            raise ValueError(f"on_error must be one of {ON_ERROR}, not {on_error!r}")
-        self.options = options
-        self.on_error = on_error
-        self.quiet, self.verbose = quiet, verbose
-        self.stream = stream
-        self.reports: list = []                     # RewriteReport of every graph rewritten, in order
-        self._decided = weakref.WeakSet()            # graphs first_use is done with
-        self._numbers = weakref.WeakKeyDictionary()  # graph → its number in messages, in order of first use
-        self._count = itertools.count(1)
-        self._looked_at = weakref.WeakKeyDictionary()  # graph → its version when last looked at
-        self._synchronized = weakref.WeakKeyDictionary()  # graph rewritten here → the options it was rewritten with
-        self._lock = threading.RLock()
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
         self._undo: list = []
         self._waiting = None
-        self._copies = SessionCopies()
-
-    # -- the per-graph decision ------------------------------------------------------------
-
-    def options_for(self, graph) -> dict | None:
-        """rewrite_towers' keyword arguments for `graph`, or None to leave it alone."""
-        return dict(self.options)
-
-    def first_use(self, graph) -> None:
-        """Called by the patches before each session is created on `graph`, before it is
-        finalized, and before a session's run copies the ops added since its last one. A graph is
-        decided once it is rewritten, refused, rewritten by the script, or left alone by
-        options_for; one with nothing to synchronize yet (a session opened before the towers were
-        built) is looked at again once it grew: on its next session, run or finalization."""
-        with self._lock:
-            if graph in self._decided or self._looked_at.get(graph) == graph.version:
-                return
-            if graph not in self._numbers:
-                self._numbers[graph] = next(self._count)
-            number = self._numbers[graph]
-            from graphsync import rewrite  # TensorFlow is imported by now
-            if rewrite.was_rewritten(graph):
-                self._decided.add(graph)
-                self._say(f"graph {number}: already rewritten by the script", verbose_only=True)
-                return
-            options = self.options_for(graph)
-            if options is None:
-                self._decided.add(graph)
-                return
-            if self._rewrite(graph, number, options):
-                self._decided.add(graph)
-            self._looked_at[graph] = graph.version   # undecided: looked at again once ops are added
-
-    def before_run(self, session) -> None:
-        """Before `session` copies its graph into its runtime, when the graph grew since the
-        session's last copy (the patch checks that much on every run). The graph is looked at again
-        only if the ops added since the last look may hold batch norm."""
-        graph = session.graph
-        with self._lock:
-            if self._may_have_gained_batch_norm(graph):
-                if graph in self._synchronized:
-                    self._refuse_layers_added_after_the_rewrite(graph)
-                else:
-                    self.first_use(graph)
-            self._copies.record(session, graph)
-
-    def _may_have_gained_batch_norm(self, graph) -> bool:
-        """False when the ops added since the last look include no op type a batch-norm match
-        starts from (graphsync.match.starting_types): one pass over those ops, not the graph."""
-        looked = self._looked_at.get(graph)
-        if looked is None:
-            return True
-        from graphsync import match
-        from graphsync.graph import tf_private
-        starts = match.starting_types()
-        if looked != graph.version and starts is not None and \
-                not any(op.type in starts for op in tf_private.ops_added_since(graph, looked)):
-            self._looked_at[graph] = graph.version
-        return self._looked_at[graph] != graph.version
-
-    def _refuse_layers_added_after_the_rewrite(self, graph) -> None:
-        """Batch norm added to the towers of a graph after graphsync synchronized it would run
-        unsynchronized: one line (and with on_error='fail', the script stops before that run)."""
-        from graphsync.errors import GraphsyncError
-        self._looked_at[graph] = graph.version
-        try:
-            plan = _plan(graph, self._synchronized[graph])
-        except GraphsyncError:
-            return   # half built (a layer in some towers only): looked at again at the next run once it grew
-        if plan.layers or plan.calls:
-            del self._synchronized[graph]   # said once
-            count = f"{len(plan.layers)} batch-norm layer{'s' if len(plan.layers) > 1 else ''}" if plan.layers \
-                else f"{len(plan.calls)} tf.function call{'s' if len(plan.calls) > 1 else ''} running batch norm"
-            first = plan.layers[0].sites[0].op.name if plan.layers else plan.calls[0].name
-            self.failed(graph, f"graph {self._numbers[graph]}: {count} added to its towers after it was "
-                               f"synchronized (first: {first}) would run unsynchronized: "
-                               "build the whole model before its first session or run, or call "
-                               "graphsync.rewrite_towers() after its last layer")
-
-    def _refuse_if_already_copied(self, graph, number: int, options: dict) -> None:
-        """A GraphsyncError when an open session already holds an op the rewrite would edit."""
-        if not self._copies.held(graph):
-            return   # the usual case: no open session has run this graph yet, nothing to plan twice
-        from graphsync.errors import GraphsyncError
-        plan = _plan(graph, options)
-        op = self._copies.first_held(graph, [site.op for layer in plan.layers for site in layer.sites] + list(plan.calls))
-        if op is not None:
-            raise GraphsyncError(
-                f"graph {number}: {op.name} was part of a Session.run before the other towers were built, "
-                "and that session (still open) would ignore the rewrite: build every tower before the first "
-                "run, or call graphsync.rewrite_towers() once they are built and run them in a new session")
-
-    def _rewrite(self, graph, number: int, options: dict) -> bool:
-        """Whether the graph is decided: rewritten, or refused."""
-        from graphsync.errors import GraphsyncError, GraphsyncWarning, NoTowersError
-        from graphsync.rewrite import rewrite_towers
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", GraphsyncWarning)
-            try:
-                self._refuse_if_already_copied(graph, number, options)
-                report = rewrite_towers(graph, **options)
-            except NoTowersError as exc:   # said by default when scopes look like towers
-                self._say(f"graph {number} left alone: {_one_line(exc)}", verbose_only=not exc.parallel_structure)
-                return False
-            except GraphsyncError as exc:
-                self.failed(graph, _one_line(exc))
-                return True
-            except Exception as exc:  # noqa: BLE001 - the user gets one line, never a traceback
-                if os.environ.get("GRAPHSYNC_DEBUG"):
-                    raise
-                self.failed(graph, f"internal error: {type(exc).__name__}: {_one_line(exc)} "
-                                   "(set GRAPHSYNC_DEBUG=1 for the traceback, and please report it)", fatal=True)
-                return True
-            finally:
-                for warning in caught:
-                    if issubclass(warning.category, GraphsyncWarning):
-                        self._say(f"warning: {_one_line(warning.message)}")
-                    else:
-                        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
-        if report.changed:
-            self._synchronized[graph] = options
-            self.rewritten(graph, report)
-        else:
-            self._say(f"graph {number} left alone: {report.summary}", verbose_only=True)
-        return report.changed
-
-    # -- what the user sees ----------------------------------------------------------------
-
-    def rewritten(self, graph, report) -> None:
-        self.reports.append(report)
-        if self.verbose:
-            for line in str(report).splitlines():
-                self._say(line)
-        else:
-            self._say(report.summary)
-
-    def failed(self, graph, message: str, fatal: bool = False) -> None:
-        """A graph that cannot be rewritten (left untouched): stop, or warn and go on."""
-        if self.on_error == "warn" and not fatal:
-            self._say(f"warning: {message} (running unsynchronized)", error=True)
-            return
-        self._say(f"error: {message}", error=True)
-        raise SystemExit(1)
-
-    def _say(self, line: str, verbose_only: bool = False, error: bool = False) -> None:
-        if (self.quiet and not error) or (verbose_only and not self.verbose):
-            return
-        stream = self.stream or sys.stderr
-        stream.write(f"graphsync: {line}\n")
-        stream.flush()
 
     # -- the patches -----------------------------------------------------------------------
 
@@ -342,12 +161,3 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         return spec
 
 
-def _plan(graph, options: dict):
-    """The plan rewrite_towers(graph, **options) would splice, its tf.function calls listed rather
-    than inlined: the graph untouched."""
-    from graphsync.rewrite import plan_towers
-    return plan_towers(graph, inline_calls=False, **options)[0]
-
-
-def _one_line(text) -> str:
-    return " ".join(str(text).split())

@@ -337,7 +337,7 @@ def test_failed_savedmodel_write_keeps_the_old_directory(tmp_path, monkeypatch):
     def broken_copytree(*args, **kwargs):
         raise OSError(5, "Input/output error")
 
-    monkeypatch.setattr(gio.shutil, "copytree", broken_copytree)
+    monkeypatch.setattr(shutil, "copytree", broken_copytree)
     with pytest.raises(gio.GraphFileError, match="Input/output error"):
         gio.save(loaded, str(out))
     assert os.listdir(out) == ["marker"]

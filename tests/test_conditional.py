@@ -166,7 +166,7 @@ def test_private_control_flow_helpers():
         tf.cond(flag, lambda: inside.append(tf.identity(1.0)) or inside[-1], lambda: tf.constant(0.0))
         loop = []
         tf.while_loop(lambda i: i < 3, lambda i: loop.append(tf.identity(i)) or loop[-1] + 1, [0])
-    from graphsync.plan.conditional import predicate
+    from graphsync.plan.training_flag import predicate
     assert predicate(tf_private.cond_predicate(inside[0].op)) is flag and not tf_private.in_while_loop(inside[0].op)
     assert tf_private.in_while_loop(loop[0].op) and tf_private.cond_predicate(flag.op) is None
 

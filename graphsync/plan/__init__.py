@@ -2,6 +2,6 @@
 
     data           the plan: frozen records of layers, their sites in each tower, gradient calls
     planner        make_plan: candidates → towers → pairs → validated layers
-    conditional    the checks of layers behind a tensor training flag (one flag for all towers)
+    training_flag  the checks of layers behind a tensor training flag (one flag for all towers)
     shared_tasks   refusing between-graph steps that reach into a task other workers use too
 """

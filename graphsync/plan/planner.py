@@ -15,7 +15,7 @@ from graphsync.errors import GraphsyncError, NoTowersError
 from graphsync.graph import order, shapes, tf_private
 from graphsync.match import hidden
 from graphsync.match.candidate import MomentsParts
-from graphsync.plan import conditional, shared_tasks
+from graphsync.plan import shared_tasks, training_flag
 from graphsync.plan.data import LayerPlan, MomentsGrad, Plan, Site
 from graphsync.stats import Layout
 from graphsync.towers import names as tower_names
@@ -235,7 +235,7 @@ def _layer_plan(name: str, per_tower, scopes) -> LayerPlan:
             "every tower must build the same layers (or pass towers= to choose the towers)")
     first, kind = present[0], per_tower[0][1].kind
     if kind == "conditional":
-        return conditional.layer_plan(name, per_tower)
+        return training_flag.layer_plan(name, per_tower)
     for op in present:
         if tf_private.in_while_loop(op):
             raise GraphsyncError(
@@ -243,7 +243,7 @@ def _layer_plan(name: str, per_tower, scopes) -> LayerPlan:
                 "build the batch norm outside the loop")
     flags = {t.label: tf_private.cond_predicate(cand.op) for t, cand in per_tower}
     if any(f is not None for f in flags.values()):   # a v1 tf.cond around the op (a tensor training flag)
-        conditional.check_one_flag(name, {label: conditional.predicate(f) if f is not None else None
+        training_flag.check_one_flag(name, {label: training_flag.predicate(f) if f is not None else None
                                           for label, f in flags.items()})
     attrs = [_signature(cand) for _, cand in per_tower]
     for op, sig in zip(present[1:], attrs[1:]):

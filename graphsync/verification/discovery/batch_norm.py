@@ -7,7 +7,7 @@ import tensorflow as tf
 from graphsync import match
 from graphsync.graph import order
 from graphsync.graph import tf_private
-from graphsync.plan.conditional import predicate
+from graphsync.plan.training_flag import predicate
 from graphsync.match import conditional
 from graphsync.towers.scopes import Tower, tower_of
 from graphsync.verification import trace

@@ -87,4 +87,4 @@ def verify(graph, *, original=None, towers=None, inputs=None, loss=None, num_cla
         loss=subject.loss, loss_source=subject.loss_source, examples=batch.examples,
         per_tower=batch.per_tower, moved=batch.moved, seed=seed, tolerance=tolerance, rewritten=figures,
         original=original_figures, passed=passed, reason=reason, group_size=group_size, devices=devices,
-        notes=notes)
+        notes=notes, copies=subject.copies.describe())

@@ -18,9 +18,10 @@ Found by structure, in this order (a variable paired once, by the first that pai
                 same names relative to their towers, the same input slots (tower_1/v1/cg/conv0/Conv2D
                 ↔ tower_0/v0/cg/conv0/Conv2D; tensorpack's tower1/conv0/Conv2D reads tower1/conv0/W,
                 tower0/conv0/Conv2D reads conv0/W)
-    names       a variable in tower t > 0's scope whose name relative to it, dtype and shape are
-                those of a variable in tower 0's scope or, when tower 0 keeps its variables
-                unscoped (tensorpack), at the root: what nothing reads in the step (optimizer slots)
+    names       a variable named within tower t > 0's scope (or its end: tf_cnn_benchmarks'
+                tower_1/v1/ names variables v1/…) whose name relative to it, dtype and shape are
+                those of a variable named within tower 0's or, when tower 0 keeps its variables
+                unscoped (tensorpack), at the root: what no tower reads (optimizer slots)
 
 Shared variables (one variable read by every tower: CIFAR10's towers, slim clones, parameter
 servers) have no copies. MirroredStrategy's replicas already start as copies (each replica's
@@ -32,7 +33,7 @@ import dataclasses
 
 import tensorflow as tf
 
-from graphsync.towers import ROOT, Tower, tower_of
+from graphsync.towers import ROOT, Tower
 from graphsync.verification.discovery.loss import GRADIENT_SCOPE
 from graphsync.verification.discovery.state import VARIABLE_TYPES, WRITE_TYPES, Variable
 
@@ -97,7 +98,7 @@ def _variable_read(tensor: tf.Tensor, ops: dict) -> tf.Operation | None:
 
 def _copy_ops(graph: tf.Graph, ops: dict, initializers: set) -> tuple[dict, str]:
     """copy → source from the assignments that copy one variable into another outside the step."""
-    copies, example = {}, ""
+    copies, example = {}, None
     step = _step_ancestry(graph, ops, initializers)
     for op in graph.get_operations():
         if op.type not in _ASSIGNS or op.name in initializers or op in step or len(op.inputs) < 2:
@@ -107,7 +108,8 @@ def _copy_ops(graph: tf.Graph, ops: dict, initializers: set) -> tuple[dict, str]
         if target is None or source is None or target is source or _signature(target) != _signature(source):
             continue
         copies[target.name] = source.name
-        example = example or op.name
+        if example is None or target.name < example[0]:
+            example = (target.name, f"{target.name} ← {source.name} ({op.name})")
     resolved = {}
     for copy in copies:
         source, seen = copies[copy], {copy}
@@ -116,7 +118,7 @@ def _copy_ops(graph: tf.Graph, ops: dict, initializers: set) -> tuple[dict, str]
             source = copies[source]
         if source != copy:
             resolved[copy] = source
-    return resolved, example
+    return resolved, example[1] if example is not None else ""
 
 
 def _step_ancestry(graph: tf.Graph, ops: dict, initializers: set) -> set:
@@ -184,19 +186,41 @@ def _by_readers(ops: dict, towers: list[Tower], membership) -> dict:
 
 
 def _by_names(ops: dict, towers: list[Tower]) -> dict:
-    """copy → main from the variables' own names relative to their towers."""
-    scoped = [t for t in towers if t.prefix != ROOT]
+    """copy → main from the variables' own names relative to their towers. A variable's name holds
+    its tower's scope, or the end of it (variable scopes name variables, name scopes do not:
+    tf_cnn_benchmarks' tower_1/v1/ names its variables v1/…)."""
     main = towers[0]
     pairs = {}
     for name, op in ops.items():
-        tower = tower_of(name, scoped)
-        if tower is None or tower.index == 0:
+        found = _relative(name, towers[1:])
+        if found is None:
             continue
-        relative = name[len(tower.prefix):]
-        for candidate in dict.fromkeys((main.prefix + relative, relative)):
+        depth, relative = found
+        main_scopes = _scopes(main)
+        candidates = ([main_scopes[depth] + relative] if depth < len(main_scopes) else []) + [relative]
+        for candidate in candidates:
             other = ops.get(candidate)
-            if other is not None and other is not op and tower_of(candidate, scoped) in (None, main) \
+            if other is not None and other is not op and _relative(candidate, towers[1:]) is None \
                     and _signature(other) == _signature(op) is not None:
                 pairs[name] = candidate
                 break
     return pairs
+
+
+def _scopes(tower: Tower) -> list[str]:
+    """tower_1/v1/ → [tower_1/v1/, v1/]: the tower's scope and its ends (none for the root)."""
+    if tower.prefix == ROOT:
+        return []
+    parts = tower.prefix.rstrip("/").split("/")
+    return ["/".join(parts[i:]) + "/" for i in range(len(parts))]
+
+
+def _relative(name: str, towers: list[Tower]) -> tuple[int, str] | None:
+    """(how many leading components of its tower's scope the name lacks, the rest of the name) for
+    a variable named within one of `towers`; else None."""
+    best = None
+    for tower in towers:
+        for depth, scope in enumerate(_scopes(tower)):
+            if name.startswith(scope) and (best is None or len(scope) > best[2]):
+                best = (depth, name[len(scope):], len(scope))
+    return None if best is None else best[:2]

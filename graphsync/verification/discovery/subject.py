@@ -57,8 +57,16 @@ def discover(graph: tf.Graph, *, towers=None, inputs=None, loss=None, num_classe
             notes.append(f"fed {flag.name} = True, the flag under which the towers' batch norms train "
                          f"(--feed {flag.name}=VALUE overrides)")
     user_tensors = {t for item in by_user for t in item.tensors}
-    fetches = [graph.get_tensor_by_name(n) for n in loss_tensors + gradients] or [w.inputs[1] for w in writes]
-    found_inputs = by_user + _found(graph, found_towers, fetches, user_tensors, num_classes, notes)
+    fetches = [graph.get_tensor_by_name(n) for n in loss_tensors + gradients]
+    found_notes: list[str] = []
+    found_inputs = by_user + _found(graph, found_towers, fetches, user_tensors, num_classes, found_notes)
+    if not (fetches and any(i.kind in ("per_tower", "shared") for i in found_inputs)):
+        # no optimizer, and a first loss no example reaches (or none): what the other losses and the writes read
+        fetches = [graph.get_tensor_by_name(n) for names_, _ in loss_options[1:] for n in names_] + \
+            [w.inputs[1] for w in writes]
+        found_notes = []
+        found_inputs = by_user + _found(graph, found_towers, fetches, user_tensors, num_classes, found_notes)
+    notes.extend(found_notes)
     if not any(i.kind in ("per_tower", "shared") for i in found_inputs):
         raise GraphsyncError("found no batch input to feed (no placeholder, input pipeline or random input "
                              "read by the towers): name the tensors that carry each tower's examples with "

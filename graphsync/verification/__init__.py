@@ -6,7 +6,10 @@ so moving examples between towers (keeping every tower's size) leaves the sum of
 the gradients the optimizer applies and the moving-statistics updates unchanged, up to float
 rounding. With per-tower statistics each of them changes, typically by 1e-2 or more. `verify` feeds
 random examples twice, as drawn and exchanged across towers, from the same variable values, and
-compares. From the first run's step statistics it also reports which per-tower batch-norm ops still
+compares. That holds only where the towers compute one function and the writes compared are
+statistics of the batch: a replicated trainer's per-tower variable copies start as the main
+tower's (as the trainer copies them before its first step), and writes fed by one tower's scalars
+(moving summaries of its loss) are compared apart, not judged. From the first run's step statistics it also reports which per-tower batch-norm ops still
 execute (after a rewrite: none) and the bytes each synchronized layer moves across devices.
 
 The flow: sources.load → run.on_cpus → discovery.discover (inputs, loss, gradients, updates) →
@@ -40,7 +43,8 @@ def verify(graph, *, original=None, towers=None, inputs=None, loss=None, num_cla
                       the towers, iterators, queues, staging areas, random inputs made in the towers;
                       see graphsync.verification.discovery).
     loss:             the loss tensor's name (per tower, or one global loss). Default: the `losses`
-                      collection, else a float scalar named total_loss, loss or *_loss in every tower.
+                      collection, else what tf.gradients differentiates, else a float scalar named
+                      total_loss, loss or *_loss in every tower: the first that depends on the examples.
     num_classes:      range of integer inputs (default: inferred from what reads them, e.g. the logits).
     feeds:            {tensor name: value} for other tensors, fed unchanged in both runs.
     batch_size:       examples per tower, one number or one per tower (default: what the graph

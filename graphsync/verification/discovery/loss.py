@@ -28,11 +28,6 @@ _LOSS_NAMES = (("total_loss", re.compile(r"(^|/)total_loss$")),
                ("*_loss", re.compile(r"(^|/|_)loss(es)?$")))
 
 
-def find(graph: tf.Graph, towers: list[Tower], loss, losses_collection) -> tuple[list[str], str]:
-    """(loss tensor names, how they were found); ([], "") when there is none."""
-    return next(iter(options(graph, towers, loss, losses_collection)), ([], ""))
-
-
 def options(graph: tf.Graph, towers: list[Tower], loss, losses_collection) -> list[tuple[list[str], str]]:
     """Every way to the loss that finds one, (tensor names, how), in order of preference."""
     if loss:

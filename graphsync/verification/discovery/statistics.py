@@ -20,8 +20,11 @@ without passing through
 
     one tower's scalar          a float scalar computed from the examples (a loss, an error rate):
                                 what an EMA of it writes is a summary of that tower, not a statistic
-    a normalized output         a batch norm's y: what is computed from it is computed from the
-                                examples (logits, losses), so the walk goes on into its input x only
+    a normalized output         a fused batch norm's y: what is computed from it is computed from
+                                the examples (logits, losses), so the walk goes on into its input x
+                                only. An unfused batch norm's y is arithmetic on x and the statistics,
+                                which the walk cannot tell apart: a vector summary computed from its
+                                outputs (an EMA of per-class errors) would count; scalars never do
     what no example reaches     variables, constants, and shapes (a batch size is no statistic)
 """
 from __future__ import annotations

@@ -61,8 +61,9 @@ checked (inputs or loss not found, or it does not run), 2 usage error.""")
                    "Default: found by structure (placeholders, a whole batch split into the towers, iterators, "
                    "queues, staging areas, random inputs made in each tower).")
 @click.option("--loss", metavar="NAME",
-              help="The loss tensor, per tower or global (default: the losses collection, else a scalar named "
-                   "total_loss, loss or *_loss in every tower, else what tf.gradients differentiates).")
+              help="The loss tensor, per tower or global (default: the losses collection, else what tf.gradients "
+                   "differentiates, else a scalar named total_loss, loss or *_loss in every tower; the first "
+                   "that depends on the examples).")
 @click.option("--num-classes", type=click.IntRange(min=1), metavar="K",
               help="Integer inputs get values in 0..K-1 (default: inferred from the logits' width, a one-hot "
                    "depth or a table size).")
@@ -84,9 +85,11 @@ def verify(graph_path, original_path, inputs, loss, num_classes, feeds, batch_si
     """Check on GRAPH itself that its towers share batch statistics, without a single-device model.
 
     Feeds random examples to every tower, then the same examples moved to other towers (every
-    tower keeps its size), from the same variable values. With synchronized statistics the sum of
-    the tower losses, the gradients the optimizer applies and the moving-statistics updates do not
-    change beyond float rounding; with per-tower statistics they change by 1e-2 and more. Also
+    tower keeps its size), from the same variable values (a replicated trainer's per-tower copies
+    start as the main tower's). With synchronized statistics the sum of the tower losses, the
+    gradients the optimizer applies and the moving-statistics updates do not change beyond float
+    rounding; with per-tower statistics they change by 1e-2 and more (other writes, such as moving
+    summaries of one tower's loss, are shown apart and not judged). Also
     shows, from TensorFlow's step statistics, which per-tower batch-norm ops still run (after a
     rewrite: none) and the bytes each synchronized layer moves across devices per step.
     """

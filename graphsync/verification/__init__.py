@@ -6,12 +6,16 @@ so moving examples between towers (keeping every tower's size) leaves the sum of
 the gradients the optimizer applies and the moving-statistics updates unchanged, up to float
 rounding. With per-tower statistics each of them changes, typically by 1e-2 or more. `verify` feeds
 random examples twice, as drawn and exchanged across towers, from the same variable values, and
-compares. From the first run's step statistics it also reports which per-tower batch-norm ops still
-execute (after a rewrite: none) and the bytes each synchronized layer moves across devices.
+compares. That holds only where the towers compute one function and the writes compared are
+statistics of the batch: a replicated trainer's per-tower variable copies start as the main
+tower's (as the trainer copies them before its first step), and writes fed by one tower's scalars
+(moving summaries of its loss) are compared apart, not judged. From the first run's step
+statistics it also reports which per-tower batch-norm ops still execute (after a rewrite: none)
+and the bytes each synchronized layer moves across devices.
 
 The flow: sources.load → run.on_cpus → discovery.discover (inputs, loss, gradients, updates) →
 data.draw (the examples and their exchange) → run.Runner → verdict (changes, rounding, reason) →
-report.VerifyReport.
+findings.VerifyReport.
 
     report = graphsync.verify("train_sync.meta", original="train.meta")
     print(report)            # the figures for both graphs; report.passed, report.reason
@@ -19,7 +23,7 @@ report.VerifyReport.
 from __future__ import annotations
 
 from graphsync.verification import data, discovery, run, sources, verdict
-from graphsync.verification.report import Figures, VerifyReport
+from graphsync.verification.findings import Figures, VerifyReport
 from graphsync.verification.verdict import DEFAULT_TOLERANCE
 
 __all__ = ["verify", "VerifyReport", "Figures", "DEFAULT_TOLERANCE"]
@@ -40,7 +44,8 @@ def verify(graph, *, original=None, towers=None, inputs=None, loss=None, num_cla
                       the towers, iterators, queues, staging areas, random inputs made in the towers;
                       see graphsync.verification.discovery).
     loss:             the loss tensor's name (per tower, or one global loss). Default: the `losses`
-                      collection, else a float scalar named total_loss, loss or *_loss in every tower.
+                      collection, else what tf.gradients differentiates, else a float scalar named
+                      total_loss, loss or *_loss in every tower: the first that depends on the examples.
     num_classes:      range of integer inputs (default: inferred from what reads them, e.g. the logits).
     feeds:            {tensor name: value} for other tensors, fed unchanged in both runs.
     batch_size:       examples per tower, one number or one per tower (default: what the graph
@@ -87,4 +92,4 @@ def verify(graph, *, original=None, towers=None, inputs=None, loss=None, num_cla
         loss=subject.loss, loss_source=subject.loss_source, examples=batch.examples,
         per_tower=batch.per_tower, moved=batch.moved, seed=seed, tolerance=tolerance, rewritten=figures,
         original=original_figures, passed=passed, reason=reason, group_size=group_size, devices=devices,
-        notes=notes)
+        notes=notes, copies=subject.copies.describe())

@@ -73,17 +73,20 @@ class Fetched:
     loss: list
     gradients: list
     updates: list
+    other_writes: list
 
 
 class Runner:
     """One session on `subject`'s graph; every run starts from the same variable values (those in
-    `initial_values`, by variable name, else the graph's initializers, computed once)."""
+    `initial_values`, by variable name, else the graph's initializers, computed once). Each
+    per-tower copy of a main-tower variable (subject.copies) starts as that variable: a replicated
+    trainer copies them before its first step, and its towers compute one function only then."""
 
     def __init__(self, subject: Subject, batch, cpus: int, initial_values: dict | None = None):
         self.subject, self.batch = subject, batch
         graph = subject.graph
         self._fetches = [[graph.get_tensor_by_name(n) for n in names]
-                         for names in (subject.loss, subject.gradients, subject.updates)]
+                         for names in (subject.loss, subject.gradients, subject.updates, subject.other_writes)]
         self._init_ops = [graph.get_operation_by_name(v.initializer) for v in subject.variables]
         init_values = [graph.get_tensor_by_name(v.initial_value) for v in subject.variables]
         self._session = tf1.Session(graph=graph, config=config(cpus))
@@ -97,6 +100,9 @@ class Runner:
             raise
         self.initial_values = {v.name: given[v.name] if v.name in given else computed[t.name]
                                for v, t in zip(subject.variables, init_values)}
+        for copy, main in subject.copies.of.items():
+            if copy in self.initial_values and main in self.initial_values:
+                self.initial_values[copy] = self.initial_values[main]
         self._init_feed = {t: self.initial_values[v.name] for v, t in zip(subject.variables, init_values)}
         self.metadata = None
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from graphsync.verification import run, trace
-from graphsync.verification.report import CHECKS, Figures
+from graphsync.verification.findings import APART, CHECKS, Figures
 
 # float32 rounding moves these figures by ~1e-7 on small models and up to ~1e-4 on MobileNetV2 (measured:
 # tests/test_verify.py); per-tower statistics move them by 1e-3 and (much) more.
@@ -21,7 +21,7 @@ ROUNDING_FLOOR = 1.2e-7  # float32's epsilon: reordering may happen to change a 
 def changes(drawn, others) -> dict:
     """check → the median over `others` of its relative change from `drawn` (None: nothing to compare)."""
     changes = {}
-    for check, _ in CHECKS:
+    for check, _ in CHECKS + APART:
         if check == "loss":
             total = lambda fetched: [sum(float(np.sum(v)) for v in fetched.loss)]  # noqa: E731
             values = [run.relative_change(total(drawn), total(o)) for o in others] if drawn.loss else [None]
@@ -36,7 +36,8 @@ def figures_of(subject, drawn, exchanged: list, metadata) -> Figures:
     traffic, other = trace.traffic(metadata, subject.layers, subject.towers)
     return Figures(
         **changes(drawn, exchanged),
-        counts={"loss": len(subject.loss), "gradients": len(subject.gradients), "updates": len(subject.updates)},
+        counts={"loss": len(subject.loss), "gradients": len(subject.gradients), "updates": len(subject.updates),
+                "other_writes": len(subject.other_writes)},
         batch_norm_running=[name for name in subject.batch_norm_ops if name in ran],
         batch_norm_ops=len(subject.batch_norm_ops), layers=subject.layers, traffic=traffic, other_bytes=other)
 

@@ -10,8 +10,10 @@ same thing across towers). One module per way of finding it:
 | the same input in every tower, paired by dtype, shape, the layers reading it and their place in the data path | pairing.py |
 | --input and --feed; fixed values for flags and scalars; shapes and dtypes checked | inputs.py, subject.py |
 | range of integer inputs: logits' width, one-hot depth, table size, a random int's maxval | classes.py |
-| the loss (--loss, `losses` collection, named scalars, or none) | loss.py   |
-| gradients applied, moving-statistics writes, variables' initial values | state.py |
+| the loss (--loss, `losses` collection, what tf.gradients differentiates, named scalars, or none; the first that depends on the examples) | loss.py |
+| gradients applied, writes, variables' initial values | state.py |
+| which writes are moving statistics of the batch (judged) and which are not (moving summaries of one tower's scalars: compared apart) | statistics.py |
+| per-tower copies of the main tower's variables (replicated trainers), started equal | copies.py |
 | per-tower batch-norm ops and synchronized layers, in forward order | batch_norm.py |
 | all of it together: `discover(graph) -> Subject`            | subject.py   |
 """

@@ -1,7 +1,16 @@
-"""The loss: --loss; else the `losses` collection; else a float scalar named total_loss, loss or
-*_loss in every tower; else one outside the towers; else the float scalars tf.gradients
-differentiated (its seed of ones feeds `<gradients scope>/<loss op>_grad/…`); else none (verify
-then compares gradients and moving statistics, and says so)."""
+"""The loss: --loss; else the `losses` collection; else the float scalars tf.gradients
+differentiated; else a float scalar named total_loss, loss or *_loss in every tower; else one
+outside the towers; else none (verify then compares gradients and moving statistics, and says so).
+
+What tf.gradients differentiates comes before any name: it is what the optimizer's gradients come
+from, so it depends on the examples. A name proves nothing: tensorpack's ImageNet example has a
+`tower<i>/l2_regularize_loss` (weight decay, which no example changes) next to the `cost` its
+trainer differentiates. The seed tf.gradients starts from (a Fill of ones) is read by the gradient
+function of the loss's op, `<gradients scope>/<loss op>_grad/…`; when the loss is a sum whose
+gradient makes no op (AddN, Identity: `cost = tf.add_n([loss, wd_loss])`), the seed is read by its
+terms' gradients instead, and the terms are followed down to the sum. Subject then keeps the first
+choice whose tensors all depend on the examples (`options`, in this order).
+"""
 from __future__ import annotations
 
 import re
@@ -13,20 +22,37 @@ from graphsync.verification.discovery import names
 
 GRADIENT_SCOPE = re.compile(r"(^|/)gradients(_\d+)?/")
 _SEEDED = re.compile(r"^(?:.*/)?gradients(?:_\d+)?/(?P<forward>.+)_grad/[^/]+$")
+_COPIES = ("Identity", "Snapshot")
 _LOSS_NAMES = (("total_loss", re.compile(r"(^|/)total_loss$")),
                ("loss", re.compile(r"(^|/)loss$")),
                ("*_loss", re.compile(r"(^|/|_)loss(es)?$")))
 
 
-def find(graph: tf.Graph, towers: list[Tower], loss, losses_collection) -> tuple[list[str], str]:
-    """(loss tensor names, how they were found); ([], "") when there is none."""
+def options(graph: tf.Graph, towers: list[Tower], loss, losses_collection) -> list[tuple[list[str], str]]:
+    """Every way to the loss that finds one, (tensor names, how), in order of preference."""
     if loss:
         in_towers = names.per_tower(graph, towers, loss)
         if in_towers:
-            return in_towers, "--loss, in every tower"
-        return [names.tensor(graph, loss).name], "--loss"
+            return [(in_towers, "--loss, in every tower")]
+        return [([names.tensor(graph, loss).name], "--loss")]
+    found = []
     if losses_collection:
-        return list(losses_collection), "the `losses` collection"
+        found.append((list(losses_collection), "the `losses` collection"))
+    differentiated = _differentiated(graph)
+    if differentiated:
+        in_towers = {names.relative(t.op.name, towers)[0]: t for t in differentiated}
+        if len(differentiated) == len(towers) and len(in_towers) == len(towers) and None not in in_towers:
+            found.append(([in_towers[t].name for t in towers],
+                          "what tf.gradients differentiates, in every tower: the gradients applied come from it"))
+        else:
+            found.append(([t.name for t in differentiated],
+                          "what tf.gradients differentiates: the gradients applied come from it"))
+    found.extend(_named(graph, towers))
+    return found
+
+
+def _named(graph: tf.Graph, towers: list[Tower]) -> list[tuple[list[str], str]]:
+    """Float scalars named total_loss, loss or *_loss: in every tower, else outside the towers."""
     candidates = [op.outputs[0] for op in graph.get_operations()
                   if op.outputs and op.outputs[0].dtype.is_floating and op.outputs[0].shape.rank == 0
                   and op.type not in ("Const", "Placeholder", "PlaceholderWithDefault", "ReadVariableOp")
@@ -39,40 +65,68 @@ def find(graph: tf.Graph, towers: list[Tower], loss, losses_collection) -> tuple
             at_root.append(candidate)
         else:
             by_relative.setdefault(inside, {})[tower] = candidate
+    found = []
     for label, pattern in _LOSS_NAMES:
-        found = sorted((r for r, per in by_relative.items() if pattern.search(r) and len(per) == len(towers)),
-                       key=lambda r: (len(r), r))
-        if found:
-            chosen = by_relative[found[0]]
-            return [chosen[t].name for t in towers], f"named {label} in every tower"
+        for relative in sorted((r for r, per in by_relative.items() if pattern.search(r) and len(per) == len(towers)),
+                               key=lambda r: (len(r), r)):
+            chosen = by_relative[relative]
+            found.append(([chosen[t].name for t in towers], f"named {label} in every tower"))
     for label, pattern in _LOSS_NAMES:
-        rooted = sorted((t for t in at_root if pattern.search(t.op.name)), key=lambda t: (len(t.name), t.name))
-        if rooted:
-            return [rooted[0].name], f"named {label}, outside the towers"
-    differentiated = _differentiated(graph)
-    if differentiated:
-        in_towers = {names.relative(t.op.name, towers)[0]: t for t in differentiated}
-        if len(differentiated) == len(towers) and len(in_towers) == len(towers) and None not in in_towers:
-            return [in_towers[t].name for t in towers], "what tf.gradients differentiates, in every tower"
-        return [t.name for t in differentiated], "what tf.gradients differentiates"
-    return [], ""
+        for rooted in sorted((t for t in at_root if pattern.search(t.op.name)), key=lambda t: (len(t.name), t.name)):
+            found.append(([rooted.name], f"named {label}, outside the towers"))
+    return found
 
 
 def _differentiated(graph: tf.Graph) -> list[tf.Tensor]:
-    """The float scalars whose gradients tf.gradients seeded with ones: the seed (a Fill of a
-    constant shape) is read by the gradient function of the loss's op, `<scope>/<op name>_grad/…`."""
-    found = {}
+    """The float scalars tf.gradients differentiated (see the module docstring)."""
+    seeded: dict[str, dict] = {}    # gradients scope → {tensor name: forward scalar it seeds}
     for op in graph.get_operations():
         if op.type != "Fill" or not GRADIENT_SCOPE.search(op.name) or tf.get_static_value(op.inputs[1]) != 1:
             continue
         for reader in op.outputs[0].consumers():
-            seeded = _SEEDED.match(reader.name)
-            if seeded is None:
+            found = _SEEDED.match(reader.name)
+            if found is None:
                 continue
             try:
-                forward = graph.get_operation_by_name(seeded.group("forward"))
+                forward = graph.get_operation_by_name(found.group("forward"))
             except (KeyError, ValueError):
                 continue
-            if forward.outputs and forward.outputs[0].dtype.is_floating and forward.outputs[0].shape.rank == 0:
-                found[forward.outputs[0].name] = forward.outputs[0]
+            if _float_scalar(forward):
+                seeded.setdefault(reader.name[:found.start("forward")], {})[forward.outputs[0].name] = forward.outputs[0]
+    if not seeded:
+        return []
+    with_gradients = {op.name.rpartition("/")[0] for op in graph.get_operations() if GRADIENT_SCOPE.search(op.name)}
+    found = {}
+    for scope, terms in seeded.items():
+        found.update(_summed(terms, scope, with_gradients))
     return [found[n] for n in sorted(found)]
+
+
+def _float_scalar(op: tf.Operation) -> bool:
+    return bool(op.outputs) and op.outputs[0].dtype.is_floating and op.outputs[0].shape.rank == 0
+
+
+def _summed(terms: dict, scope: str, with_gradients: set) -> dict:
+    """The scalar the seeded `terms` sum to, when one sums all of them through ops whose gradient
+    made no op of its own in `scope` (AddN, Identity: the seed passes through to the terms);
+    else the terms themselves."""
+    covers = {name: {name} for name in terms}
+    tensors = dict(terms)
+    pending = list(terms.values())
+    while pending:
+        for total in pending.pop().consumers():
+            if not _float_scalar(total) or total.outputs[0].name in covers or GRADIENT_SCOPE.search(total.name) \
+                    or total.name.startswith("graphsync/") or f"{scope}{total.name}_grad" in with_gradients:
+                continue
+            inputs = [t for t in total.inputs if t.dtype.is_floating]
+            if all(t.name in covers or tf.get_static_value(t) is not None for t in inputs):
+                out = total.outputs[0]
+                covers[out.name] = set().union(*(covers[t.name] for t in inputs if t.name in covers))
+                tensors[out.name] = out
+                pending.append(out)
+    whole = {name for name, covered in covers.items() if covered == set(terms)}
+    # a copy of the sum (tf.identity for a summary) is not what was differentiated
+    whole = {name for name in whole if not (tensors[name].op.type in _COPIES and tensors[name].op.inputs[0].name in whole)}
+    read = {t.name for name in whole for t in tensors[name].op.inputs}
+    tops = sorted(name for name in whole if name not in read)
+    return {tops[0]: tensors[tops[0]]} if len(tops) == 1 else terms

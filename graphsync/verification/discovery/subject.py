@@ -8,8 +8,9 @@ import tensorflow as tf
 from graphsync.graph import shapes
 from graphsync.errors import GraphsyncError
 from graphsync.towers.scopes import Tower
-from graphsync.verification.discovery import (batch_norm, entries, inputs, loss as losses, names, pairing, sources,
-                                              state, synthetic, towers as tower_scopes)
+from graphsync.verification.discovery import (batch_norm, copies as tower_copies, entries, inputs, loss as losses,
+                                              names, pairing, sources, state, statistics, synthetic,
+                                              towers as tower_scopes)
 from graphsync.verification.discovery.inputs import Input, given as given_input
 from graphsync.verification.discovery.state import Variable
 
@@ -25,11 +26,13 @@ class Subject:
     loss: list[str]
     loss_source: str
     gradients: list[str]
-    updates: list[str]
+    updates: list[str]             # writes of batch statistics: judged
     batch_norm_ops: list[str]
     layers: list[str]
     variables: list[Variable]
     notes: list[str]
+    other_writes: list[str] = dataclasses.field(default_factory=list)   # compared, not judged
+    copies: tower_copies.Copies = dataclasses.field(default_factory=lambda: tower_copies.Copies({}, ""))
 
 
 def discover(graph: tf.Graph, *, towers=None, inputs=None, loss=None, num_classes=None, feeds=None,
@@ -38,7 +41,8 @@ def discover(graph: tf.Graph, *, towers=None, inputs=None, loss=None, num_classe
     the option to pass when something cannot be found."""
     notes: list[str] = []
     found_towers = tower_scopes.find(graph, towers)
-    loss_tensors, loss_source = losses.find(graph, found_towers, loss, losses_collection)
+    loss_options = losses.options(graph, found_towers, loss, losses_collection)
+    loss_tensors, loss_source = next(iter(loss_options), ([], ""))
     gradients = state.gradients(graph, notes)
     writes = state.writes(graph)
     by_user = [_named(graph, found_towers, name, num_classes) for name in (inputs or [])]
@@ -53,24 +57,65 @@ def discover(graph: tf.Graph, *, towers=None, inputs=None, loss=None, num_classe
             notes.append(f"fed {flag.name} = True, the flag under which the towers' batch norms train "
                          f"(--feed {flag.name}=VALUE overrides)")
     user_tensors = {t for item in by_user for t in item.tensors}
-    fetches = [graph.get_tensor_by_name(n) for n in loss_tensors + gradients] or [w.inputs[1] for w in writes]
-    found_inputs = by_user + _found(graph, found_towers, fetches, user_tensors, num_classes, notes)
+    fetches = [graph.get_tensor_by_name(n) for n in loss_tensors + gradients]
+    found_notes: list[str] = []
+    found_inputs = by_user + _found(graph, found_towers, fetches, user_tensors, num_classes, found_notes)
+    if not (fetches and any(i.kind in ("per_tower", "shared") for i in found_inputs)):
+        # no optimizer, and a first loss no example reaches (or none): what the other losses and the writes read
+        fetches = [graph.get_tensor_by_name(n) for names_, _ in loss_options[1:] for n in names_] + \
+            [w.inputs[1] for w in writes]
+        found_notes = []
+        found_inputs = by_user + _found(graph, found_towers, fetches, user_tensors, num_classes, found_notes)
+    notes.extend(found_notes)
     if not any(i.kind in ("per_tower", "shared") for i in found_inputs):
         raise GraphsyncError("found no batch input to feed (no placeholder, input pipeline or random input "
                              "read by the towers): name the tensors that carry each tower's examples with "
                              "--input NAME")
     fed = {t for i in found_inputs for t in i.tensors} - set(flags)   # what the examples reach, not the flag
     downstream = state.downstream(graph, fed)
-    updates = [w.inputs[1].name for w in writes if w.inputs[1].op in downstream]
+    loss_tensors, loss_source = _depending_loss(graph, loss_options, downstream, bool(loss), notes)
+    judged, others = statistics.split(graph, [w for w in writes if w.inputs[1].op in downstream], fed, found_towers)
+    updates = [w.inputs[1].name for w in judged]
     if not (loss_tensors or gradients or updates):
         raise GraphsyncError("nothing to compare: found no loss, no optimizer and no moving statistics "
                              "that depend on the inputs; name the loss with --loss NAME")
-    if not loss_tensors:
+    if not loss_options:
         notes.append("no loss found (no `losses` collection, no scalar named loss): comparing the gradients "
                      "and moving statistics; name it with --loss NAME to compare it too")
+    if others:
+        notes.append(f"{len(others)} writes that depend on the examples but on no batch statistic (moving "
+                     f"summaries of one tower's loss or error rates, e.g. {_written(others[0])}) are compared "
+                     "apart and not judged: they change when that tower's examples do")
+    variables = state.variables(graph)
+    copies = tower_copies.find(graph, found_towers, variables, tower_scopes.membership(graph, found_towers))
     return Subject(graph, found_towers, found_inputs, loss_tensors, loss_source, gradients, updates,
                    batch_norm.batch_norm_ops(graph, found_towers),
-                   batch_norm.synchronized_layers(graph, found_towers), state.variables(graph), notes)
+                   batch_norm.synchronized_layers(graph, found_towers), variables, notes,
+                   [w.inputs[1].name for w in others], copies)
+
+
+def _written(write: tf.Operation) -> str:
+    """The variable a write assigns, for the report (else the write itself)."""
+    op = write.inputs[0].op
+    while op.type in tower_copies.READS and op.inputs:
+        op = op.inputs[0].op
+    return op.name if op.type in state.VARIABLE_TYPES else write.name
+
+
+def _depending_loss(graph, options, downstream: set, named: bool, notes: list) -> tuple[list[str], str]:
+    """The first of the loss `options` whose tensors all depend on the examples (--loss as given)."""
+    if named or not options:
+        return next(iter(options), ([], ""))
+    for index, (tensor_names, source) in enumerate(options):
+        if all(graph.get_tensor_by_name(n).op in downstream for n in tensor_names):
+            if index:
+                skipped, how = options[0]
+                notes.append(f"loss: {names.tower_pattern(skipped)} ({how}) does not depend on the examples; "
+                             f"compared {names.tower_pattern(tensor_names)} ({source}) instead")
+            return tensor_names, source
+    skipped, how = options[0]
+    notes.append(f"loss: {names.tower_pattern(skipped)} ({how}) does not depend on the examples: not compared")
+    return [], ""
 
 
 def _named(graph, towers, name, num_classes) -> Input:

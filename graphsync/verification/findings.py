@@ -8,6 +8,8 @@ from graphsync.verification.trace import LayerTraffic
 SHOWN_LAYERS = 8
 CHECKS = (("loss", "sum of the tower losses"), ("gradients", "gradients applied"),
           ("updates", "moving-statistics updates"))
+# compared and shown, never judged: writes fed by one tower's scalars (discovery/statistics.py)
+APART = (("other_writes", "other writes, not judged"),)
 
 
 @dataclasses.dataclass
@@ -26,6 +28,7 @@ class Figures:
     other_bytes: int               # every other cross-device edge (variables, feeds, gradients)
     rounding: dict | None = None   # check → change from reordering examples inside their towers
     exchanges: int = 1             # the changes are medians over this many exchanges
+    other_writes: float | None = None   # writes that depend on the examples but on no batch statistic
 
     def largest(self) -> tuple[str, float]:
         """(check, change) of the largest change."""
@@ -61,6 +64,7 @@ class VerifyReport:
     group_size: int | None = None
     devices: dict = dataclasses.field(default_factory=dict)
     notes: list[str] = dataclasses.field(default_factory=list)
+    copies: str = ""             # which per-tower variable copies started equal, and how they were found
 
     @property
     def summary(self) -> str:
@@ -92,6 +96,8 @@ class VerifyReport:
                          + (f"  ({item['origin']})" if item.get("origin") else ""))
         loss = ", ".join(self.loss) if len(self.loss) <= 4 else f"{self.loss[0]} and {len(self.loss) - 1} more"
         lines.append(f"loss: {loss} ({self.loss_source})" if self.loss else "loss: none found (pass --loss NAME)")
+        if self.copies:
+            lines.append(f"variables: {self.copies}")
         within = f" (within groups of {self.group_size})" if self.group_size else ""
         lines.append(f"moving {self.moved} of {self.examples} examples to other towers{within} changes:")
         lines.extend(self._table())
@@ -107,7 +113,7 @@ class VerifyReport:
         if self.original:
             columns.append(("original", self.original, None))
         rows = []
-        for name, label in CHECKS:
+        for name, label in CHECKS + APART:
             values = [(rounding or {}).get(name) if rounding is not None else getattr(f, name)
                       for _, f, rounding in columns]
             if all(v is None for v in values):

@@ -121,3 +121,54 @@ def test_gradients_built_after_the_rewrite_keep_the_forward_tensors_and_warn():
     plain = tl.build(model, batch_sizes, gradients="before", rewrite=graphsync.rewrite_towers)
     for a, b in zip(_steps(plain, x, t, batch_sizes, 2), _steps(built, x, t, batch_sizes, 2)):
         np.testing.assert_array_equal(a, b)
+
+
+def test_sync_batch_norm_hook_passes_recompute_on():
+    built = tl.build(MODELS["raw-fused"], [3, 5])
+    with built.graph.as_default():
+        hook = graphsync.SyncBatchNormHook(recompute=True)
+        hook.begin()
+    assert hook.report.recompute and hook.report.recomputed == 3 * 2 * 2   # (normalized, ReLU) × layers × towers
+    assert not _gradient_readers(_forward_activations(built.graph))
+
+
+def test_graphsync_rewrite_recompute_writes_a_graph_that_keeps_its_copies(tmp_path):
+    """`graphsync rewrite --recompute`: the report says how many tensors, and the saved graph keeps
+    the copies, their attribute and their ordering."""
+    import json
+    from click.testing import CliRunner
+    from cli.main import main
+    from fixture_paths import META2
+    out = tmp_path / "synced.meta"
+    result = CliRunner().invoke(main, ["rewrite", str(META2), "-o", str(out), "--recompute", "--json"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["recompute"] and report["recomputed"] > 0
+    graph = tf.Graph()
+    with graph.as_default():
+        tf1.train.import_meta_graph(str(out))
+    copies = [op for op in graph.get_operations() if recomputation.RECOMPUTED_ATTR in op.node_def.attr]
+    assert len(copies) >= report["recomputed"] and all(op.control_inputs for op in copies)
+
+
+def test_graphsync_run_recompute_trains_bit_for_bit_like_without():
+    """`graphsync run --recompute` on an unchanged script: the same variables, bit for bit, as
+    `graphsync run`, and the report counts the recomputed tensors."""
+    import json
+    import test_run
+    tmp = __import__("tempfile").mkdtemp()
+    runs = {name: test_run._start(test_run._graphsync() + ["run"] + extra + ["--report", f"{tmp}/{name}.json",
+                                                                           test_run.TRAIN, f"{tmp}/{name}.npz"])
+            for name, extra in (("plain", []), ("recompute", ["--recompute"]))}
+    for name, process in runs.items():
+        result = test_run._finish(process)
+        assert result.returncode == 0, result.stderr[-2000:]
+    with open(f"{tmp}/recompute.json") as f:
+        reports = json.load(f)["graphs"]
+    assert reports and all(r["recompute"] and r["recomputed"] > 0 for r in reports)
+    plain, recomputed = test_run._loops(f"{tmp}/plain.npz"), test_run._loops(f"{tmp}/recompute.npz")
+    assert plain.keys() == recomputed.keys()
+    for loop in plain:
+        for name in plain[loop]:
+            np.testing.assert_array_equal(plain[loop][name], recomputed[loop][name])

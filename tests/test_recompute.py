@@ -128,7 +128,7 @@ def test_sync_batch_norm_hook_passes_recompute_on():
     with built.graph.as_default():
         hook = graphsync.SyncBatchNormHook(recompute=True)
         hook.begin()
-    assert hook.report.recompute and hook.report.recomputed == 3 * 2 * 2   # (normalized, ReLU) × layers × towers
+    assert hook.report.recompute and hook.report.recomputed == 3 * 2   # one ReLU output per layer and tower
     assert not _gradient_readers(_forward_activations(built.graph))
 
 

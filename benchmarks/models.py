@@ -16,6 +16,8 @@ segnet: 32×32×3 input, U-Net-style encoder–decoder (16/32/64 channels, two c
         concatenations, nearest upsampling), 9 batch norms, per-pixel classifier (5 classes).
 unet64: the segmentation-sized model: 64×64×3 input, U-Net with 32/64/128 channels, 10 batch norms,
         per-pixel classifier (5 classes).
+deeplab: DeepLab-like: 64×64×3 input, ResNet backbone of basic blocks (32/64/128 channels, the last
+        stage dilated: output stride 4), ASPP-like head, 12 batch norms, logits upsampled to 64×64.
 """
 from __future__ import annotations
 
@@ -65,9 +67,27 @@ def unet64(b, x):
     return b.conv(d1, 5, 1, 1, "classifier")
 
 
+def deeplab(b, x):
+    """DeepLab-like: a ResNet backbone of basic blocks, its last stage dilated instead of strided
+    (output stride 4 at this small input), an ASPP-like head (1×1 and dilated 3×3 branches),
+    logits upsampled ×4."""
+    h = b.relu(b.bn(b.conv(x, 32, 3, 2, "stem"), "stem_bn"))                    # 32×32
+    for stage, (channels, stride, rate) in enumerate([(32, 1, 1), (64, 2, 1), (128, 1, 2)]):
+        name = f"res{stage}"
+        y = b.relu(b.bn(b.conv(h, channels, 3, stride, name + "/conv1", rate), name + "/bn1"))
+        y = b.bn(b.conv(y, channels, 3, 1, name + "/conv2", rate), name + "/bn2")
+        if stage:
+            h = b.bn(b.conv(h, channels, 1, stride, name + "/proj"), name + "/proj_bn")
+        h = b.relu(b.add(y, h))                                                  # 32, 16, 16
+    a = b.relu(b.bn(b.conv(h, 64, 1, 1, "aspp/1x1"), "aspp/1x1_bn"))
+    c = b.relu(b.bn(b.conv(h, 64, 3, 1, "aspp/3x3", 4), "aspp/3x3_bn"))
+    h = b.relu(b.bn(b.conv(b.cat(a, c), 64, 1, 1, "aspp/project"), "aspp/project_bn"))
+    return b.up(b.up(b.conv(h, 5, 1, 1, "classifier")))                      # 64×64
+
+
 ARCHITECTURES = {"resnet": (resnet, 10, "classify"), "segnet": (segnet, 5, "segment"),
-                 "unet64": (unet64, 5, "segment")}
-INPUT_SIZE = {"unet64": 64}   # image side; 32 for the others
+                 "unet64": (unet64, 5, "segment"), "deeplab": (deeplab, 5, "segment")}
+INPUT_SIZE = {"unet64": 64, "deeplab": 64}   # image side; 32 for the others
 
 
 def input_size(arch: str) -> int:
@@ -112,11 +132,11 @@ class TowerBuilder:
         return self.variables[name]
 
     # layers
-    def conv(self, xs, channels, k, stride, name):
+    def conv(self, xs, channels, k, stride, name, rate=1):
         cin = xs[0].shape[-1]
         w = self._var(name + "/kernel", [k, k, cin, channels],
                       tf1.glorot_uniform_initializer(seed=sum(map(ord, name))))
-        return self._each(name, lambda i, x: tf.nn.conv2d(x, w, stride, "SAME"), xs)
+        return self._each(name, lambda i, x: tf.nn.conv2d(x, w, stride, "SAME", dilations=rate), xs)
 
     def relu(self, xs):
         return self._each("relu", lambda i, x: tf.nn.relu(x), xs)
@@ -237,9 +257,9 @@ class KerasBuilder:
         self.layers = tf_keras.layers
         self.synchronized = synchronized
 
-    def conv(self, x, channels, k, stride, name):
+    def conv(self, x, channels, k, stride, name, rate=1):
         return self.layers.Conv2D(channels, k, strides=stride, padding="same", use_bias=False,
-                                  name=name.replace("/", "_"))(x)
+                                  dilation_rate=rate, name=name.replace("/", "_"))(x)
 
     def bn(self, x, name):
         return self.layers.BatchNormalization(epsilon=EPSILON, momentum=MOMENTUM,

@@ -33,6 +33,7 @@ Then train as before, from the new file:
 @shell.device_option
 @shell.strategy_option
 @shell.group_size_option
+@shell.recompute_option
 @click.option("--process-group", metavar="TASKS:INDEX",
               help="Between-graph replication: the graph is worker INDEX of TASKS worker processes (or "
                    "TF_CONFIG: read both from that variable); its towers synchronize with every worker's "
@@ -49,7 +50,7 @@ Then train as before, from the new file:
 @click.option("-n", "--dry-run", is_flag=True, help="Rewrite in memory and report; write no file.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")
 @shell.verbose_option
-def rewrite(input_path, output_path, towers, device, strategy, group_size, process_group, peer_timeout, tags, fmt,
+def rewrite(input_path, output_path, towers, device, strategy, group_size, recompute, process_group, peer_timeout, tags, fmt,
             logdir, as_json, dry_run, quiet, verbose):
     """Synchronize the batch norms of the towers in INPUT and write the result to OUTPUT.
 
@@ -80,7 +81,7 @@ def rewrite(input_path, output_path, towers, device, strategy, group_size, proce
             shell.Progress(stages, enabled=sys.stderr.isatty() and not quiet) as progress:
         report, details = graphsync.io.rewrite_file(input_path, output_path, towers=towers, device=device,
                                                      strategy=strategy, group_size=group_size,
-                                                     tags=tags, fmt=fmt, logdir=logdir, dry_run=dry_run,
+                                                     recompute=recompute, tags=tags, fmt=fmt, logdir=logdir, dry_run=dry_run,
                                                      stage=stage, process_group=group)
     elapsed = time.perf_counter() - started
     if as_json:

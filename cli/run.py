@@ -64,6 +64,7 @@ be synchronized (one line on stderr, the graph untouched; --on-error=warn runs o
 @shell.device_option
 @shell.strategy_option
 @shell.group_size_option
+@shell.recompute_option
 @shell.peer_timeout_option
 @shell.heartbeat_option
 @click.option("--report", "report_path", metavar="FILE", type=click.Path(dir_okay=False),
@@ -74,7 +75,7 @@ be synchronized (one line on stderr, the graph untouched; --on-error=warn runs o
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors.")
 @click.option("-v", "--verbose", is_flag=True, help="Say more: every layer, and the graphs left alone.")
 @click.argument("script_args", metavar="SCRIPT [ARGS]...", nargs=-1, type=click.UNPROCESSED)
-def run(module, towers, device, strategy, group_size, peer_timeout, heartbeat, report_path, on_error, quiet,
+def run(module, towers, device, strategy, group_size, recompute, peer_timeout, heartbeat, report_path, on_error, quiet,
         verbose, script_args):
     """Run a training script unchanged, with every batch norm of every tower synchronized.
 
@@ -105,6 +106,8 @@ def run(module, towers, device, strategy, group_size, peer_timeout, heartbeat, r
     from graphsync.autosync.worker import BetweenGraphSync
     options = {k: v for k, v in (("towers", towers), ("device", device), ("strategy", strategy),
                                  ("group_size", group_size)) if v is not None}
+    if recompute:
+        options["recompute"] = True
     autosync = BetweenGraphSync(on_error=on_error, quiet=quiet, verbose=verbose, peer_timeout=peer_timeout,
                                 heartbeat=heartbeat, **options)
     with autosync:

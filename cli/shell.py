@@ -255,6 +255,11 @@ strategy_option = click.option(
 group_size_option = click.option(
     "--group-size", type=click.IntRange(min=1), metavar="K",
     help="Synchronize within consecutive groups of K towers (default: all towers).")
+recompute_option = click.option(
+    "--recompute", is_flag=True,
+    help="The backward reads each batch norm's output, and the activation, scale and bias after it, "
+         "recomputed from the synchronized statistics: less memory, the same step bit for bit "
+         "(needs the gradients in the graph).")
 peer_timeout_option = click.option(
     "--peer-timeout", type=click.FloatRange(min=0), default=300, show_default=True, metavar="SECONDS",
     help="Between-graph workers: how long a worker waits for the others (at its first step, and, with "

@@ -33,6 +33,8 @@ class RewriteReport:
     process_group: tuple | None = None
     fingerprints: list = dataclasses.field(default_factory=list)   # per layer, between-graph only
     inlined: list = dataclasses.field(default_factory=list)   # tf.function calls inlined first (graphsync/splice/inline.py)
+    recompute: bool = False   # rewrite_towers(recompute=True)
+    recomputed: int = 0       # tensors (all towers) the backward reads recomputed (graphsync/splice/recompute.py)
 
     @property
     def where(self) -> str:
@@ -67,7 +69,8 @@ class RewriteReport:
                 "fingerprints": self.fingerprints, "inlined": self.inlined,
                 "layers": [dataclasses.asdict(l) for l in self.layers],
                 "skipped": [dataclasses.asdict(s) for s in self.skipped],
-                "edges_moved": self.edges_moved, "grad_ops_replaced": self.grad_ops_replaced}
+                "edges_moved": self.edges_moved, "grad_ops_replaced": self.grad_ops_replaced,
+                "recompute": self.recompute, "recomputed": self.recomputed}
 
     def __str__(self) -> str:
         lines = [self.summary]
@@ -77,6 +80,8 @@ class RewriteReport:
             lines.append(f"  {'layer':<{width}}  {'kind':<{kinds}}  backward   towers")
             for l in self.layers:
                 lines.append(f"  {l.name:<{width}}  {l.kind:<{kinds}}  {l.backward:<9}  {len(l.tower_ops)}")
+        if self.recompute:
+            lines.append(f"  recomputed in the backward: {self.recomputed} tensors")
         if self.inlined:
             shown = ", ".join(self.inlined[:3]) + (", …" if len(self.inlined) > 3 else "")
             calls = f"{len(self.inlined)} tf.function call{'s' * (len(self.inlined) != 1)}"

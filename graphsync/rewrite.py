@@ -27,7 +27,7 @@ _rewritten_graphs = weakref.WeakSet()   # every graph rewrite_towers changed (se
 
 def rewrite_towers(graph: tf.Graph | None = None, *, towers=None, device: str | None = None,
                    strategy: str = "gather", group_size: int | None = None,
-                   process_group: ProcessGroup | None = None) -> RewriteReport:
+                   process_group: ProcessGroup | None = None, recompute: bool = False) -> RewriteReport:
     """Makes every batch norm in every tower of `graph` use the statistics of the whole multi-tower
     batch, forward and backward, in place.
 
@@ -47,6 +47,10 @@ def rewrite_towers(graph: tf.Graph | None = None, *, towers=None, device: str | 
              (their collectives time out after `timeout` seconds, when set). With
              ProcessGroup(…, heartbeat=SECONDS) the graph's steps are watched: a lost worker ends
              this process with status 1 and one line naming it (graphsync.between_graph.watched_steps).
+    recompute: the backward reads each layer's normalized output, and the activation, scale and
+             bias after it, recomputed from the synchronized statistics once it reaches the layer,
+             so the forward's tensors die after the forward (less memory, the same step bit for
+             bit; graphsync/splice/recompute.py). Needs the gradients built before the rewrite.
 
     Batch norm inside tf.function calls in the towers is inlined first (graphsync/splice/inline.py; the
     report lists the calls), gradient calls included, after a rehearsal on a copy of the graph.
@@ -58,43 +62,47 @@ def rewrite_towers(graph: tf.Graph | None = None, *, towers=None, device: str | 
         raise GraphsyncError("the graph is finalized (a MonitoredSession or Supervisor froze it): "
                              "call rewrite_towers() before creating the session")
     with _collector_paused():
-        return _rewrite(graph, towers, device, strategy, group_size, process_group)
+        return _rewrite(graph, towers, device, strategy, group_size, process_group, recompute)
 
 
 def plan_towers(graph: tf.Graph, *, towers=None, device: str | None = None, strategy: str = "gather",
                 group_size: int | None = None, process_group: ProcessGroup | None = None,
-                inline_calls: bool = True) -> tuple[Plan, list[str]]:
+                inline_calls: bool = True, recompute: bool = False) -> tuple[Plan, list[str]]:
     """How rewrite_towers' options become a plan, for the rewrite, `graphsync run` and `inspect`:
     (the plan, the names of the tf.function calls inlined). With `inline_calls` the towers' calls
     are inlined into `graph` first, after a rehearsal on a copy (graphsync/splice/inline.py);
     without, the plan lists them (Plan.calls) and the graph is untouched."""
     def plan(g):
-        return make_plan(g, towers, device, strategy=strategy, group_size=group_size, process_group=process_group)
+        return make_plan(g, towers, device, strategy=strategy, group_size=group_size, process_group=process_group,
+                         recompute=recompute)
     return inline.planned(graph, plan) if inline_calls else (plan(graph), [])
 
 
-def _rewrite(graph, towers, device, strategy, group_size, process_group) -> RewriteReport:
+def _rewrite(graph, towers, device, strategy, group_size, process_group, recompute=False) -> RewriteReport:
     plan, inlined = plan_towers(graph, towers=towers, device=device, strategy=strategy, group_size=group_size,
-                                process_group=process_group)
+                                process_group=process_group, recompute=recompute)
     report = RewriteReport([t.label for t in plan.towers], plan.device if strategy == "gather" else "",
                            skipped=[SkippedReport(op, why) for op, why in plan.skipped], strategy=strategy,
                            groups=[[plan.towers[i].label for i in g] for g in plan.groups],
                            process_group=process_group and (process_group.tasks, process_group.index),
-                           inlined=inlined)
+                           inlined=inlined, recompute=plan.recompute)
     if process_group is not None:
         report.fingerprints = fingerprints(plan)
     exchange = make_exchange(graph, plan.strategy, plan.device, plan.groups, process_group,
                              digest("\n".join(report.fingerprints))) if plan.layers else None
     spliced = []
     for layer in plan.layers:
-        made = splice.splice_layer(graph, layer, exchange)
+        made = splice.splice_layer(graph, layer, exchange, recompute=plan.recompute)
         spliced.append(made.layer)
+        report.recomputed += made.recomputed
         report.edges_moved += made.edges
         report.grad_ops_replaced += made.grads_replaced
         report.layers.append(LayerReport(layer.name, layer.shown_kind, tuple(s.op.name for s in layer.sites),
                                          "rewritten" if layer.has_gradients else "autodiff"))
     _check(spliced)
     _say_kept_per_tower(plan.kept_per_tower)
+    if plan.recompute:
+        _say_not_recomputed([layer for layer in plan.layers if not layer.has_gradients])
     if report.changed:
         _rewritten_graphs.add(graph)
         _say_races(ref_races.find_races(graph))
@@ -131,6 +139,16 @@ def _say_kept_per_tower(kept: list) -> None:
         others = f" (and {more} more: report.skipped, graphsync inspect)" if more else ""
         warnings.warn(f"{len(kept)} batch statistic{'s' if len(kept) > 1 else ''} in the towers "
                       f"stay{'' if len(kept) > 1 else 's'} per tower, unsynchronized: {op}: {why}{others}",
+                      GraphsyncWarning, stacklevel=4)
+
+
+def _say_not_recomputed(layers: list) -> None:
+    """A GraphsyncWarning when recompute=True meets layers whose gradients do not exist yet: their
+    backward, built later by TensorFlow's own gradient functions, reads the forward's tensors."""
+    if layers:
+        warnings.warn(f"recompute=True found no gradients to recompute for in {len(layers)} "
+                      f"layer{'s' * (len(layers) > 1)} (first: {layers[0].name}): build the gradients before "
+                      "rewrite_towers; these layers keep the forward's tensors for their backward",
                       GraphsyncWarning, stacklevel=4)
 
 

@@ -26,7 +26,8 @@ def require_towers(report, path: str) -> None:
 
 
 def rewrite_file(input_path: str, output_path: str | None, *, towers=None, device: str | None = None,
-                 strategy: str = "gather", group_size: int | None = None, tags=None, fmt: str | None = None, logdir: str | None = None, dry_run: bool = False,
+                 strategy: str = "gather", group_size: int | None = None, recompute: bool = False, tags=None,
+                 fmt: str | None = None, logdir: str | None = None, dry_run: bool = False,
                  stage=lambda name: None, process_group=None):
     """load → rewrite_towers → save (unless dry_run) → TensorBoard log; returns (report, details).
 
@@ -47,7 +48,7 @@ def rewrite_file(input_path: str, output_path: str | None, *, towers=None, devic
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         report = rewrite_towers(loaded.graph, towers=towers, device=device, strategy=strategy,
-                                group_size=group_size, process_group=process_group)
+                                group_size=group_size, process_group=process_group, recompute=recompute)
     require_towers(report, input_path)
     details = {"input": input_path, "input_format": loaded.format, "output": output_path,
                "output_format": fmt, "dry_run": dry_run, "ops_before": ops_before,

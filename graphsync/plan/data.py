@@ -89,6 +89,7 @@ class Plan:
     process_group: object = None
     found_by: str = ""     # how the towers were found: "known name", "structure: gpu_%d", "towers= option"
     calls: tuple = ()      # tower tf.function calls to inline first (splice/inline.py)
+    recompute: bool = False   # the backward reads recomputed normalized outputs (splice/recompute.py)
 
     @property
     def kept_per_tower(self) -> list[tuple[str, str]]:

@@ -24,12 +24,13 @@ from graphsync.towers.scopes import ROOT, Tower, conventional_families, find_tow
 
 
 def make_plan(graph: tf.Graph, towers=None, device: str | None = None, *, strategy: str = "gather",
-              group_size: int | None = None, process_group=None) -> Plan:
+              group_size: int | None = None, process_group=None, recompute: bool = False) -> Plan:
     """Everything the splice needs, validated; raises GraphsyncError and leaves the graph alone."""
     plan = _match_and_pair(graph, towers, device, process_group)
     layers, skipped = _in_forward_order(graph, plan.layers, plan.skipped)
     plan = dataclasses.replace(plan, layers=tuple(layers), skipped=tuple(skipped), strategy=strategy,
-                               process_group=process_group, groups=_groups(len(plan.towers), group_size))
+                               process_group=process_group, recompute=bool(recompute),
+                               groups=_groups(len(plan.towers), group_size))
     if strategy not in ("gather", "allreduce"):
         raise GraphsyncError(f"unknown strategy {strategy!r}: use 'gather' or 'allreduce'")
     if process_group is not None and strategy != "allreduce":

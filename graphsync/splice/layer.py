@@ -17,6 +17,7 @@ from graphsync.graph.reroute import reroute_consumers, reroute_control_outputs
 from graphsync.graph.tf_private import FastOps, pristine_scope
 from graphsync.plan.data import LayerPlan, Site
 from graphsync.splice import fused_kernels as fused
+from graphsync.splice import recompute as recomputation
 from graphsync.splice import stand_in
 
 SYNCHRONIZED_NORMALIZE_GRADIENT = "GraphsyncSynchronizedNormalize"   # also in match.GRAPHSYNC_GRADIENTS
@@ -31,11 +32,15 @@ class Spliced:
     control_edges: int = 0
     grads_replaced: int = 0
     layer: LayerPlan | None = None
+    recomputed: int = 0   # tensors the backward now reads recomputed (graphsync/splice/recompute.py), all towers
 
 
-def splice_layer(graph: tf.Graph, layer: LayerPlan, exchange) -> Spliced:
-    """Synchronizes one layer through `exchange` (see graphsync.exchange); returns what it made."""
+def splice_layer(graph: tf.Graph, layer: LayerPlan, exchange, recompute: bool = False) -> Spliced:
+    """Synchronizes one layer through `exchange` (see graphsync.exchange); returns what it made.
+    With `recompute`, the backward that exists reads the normalized output and the elementwise ops
+    after it recomputed (graphsync/splice/recompute.py)."""
     count = Spliced()
+    recompute = recompute and layer.kind != "conditional" and layer.shown_kind != "conditional"
     if layer.kind == "conditional":
         layer, count.edges = stand_in.stand_in(graph, layer)
     count.layer = layer
@@ -48,8 +53,8 @@ def splice_layer(graph: tf.Graph, layer: LayerPlan, exchange) -> Spliced:
         statistics = exchange.moments(graph, layer, layer.sites, uploads, spread="bessel")
         scales = [fused.forward_read(graph, site.op.inputs[1], site.device, site.op.name + "_sync")
                   for site in layer.sites]
-        for site, s, scale in zip(layer.sites, statistics, scales):
-            _fused_forward(graph, layer, site, s, scale, count)
+        roots = [recomputation.fused_roots(_fused_forward(graph, layer, site, s, scale, count))
+                 for site, s, scale in zip(layer.sites, statistics, scales)]
         for k in range(len(layer.sites[0].grad_ops)):
             _fused_backward(graph, layer, exchange, statistics, scales, k, count)
     else:
@@ -61,10 +66,13 @@ def splice_layer(graph: tf.Graph, layer: LayerPlan, exchange) -> Spliced:
                 uploads.append(stats.local_moments(site.parts.x, layer.layout) if weights is None else
                                stats.weighted_local_moments(site.parts.x, weights, layer.layout))
         statistics = exchange.moments(graph, layer, layer.sites, uploads)
-        for site, s in zip(layer.sites, statistics):
-            _moments_forward(graph, layer, site, s, count)
+        roots = [recomputation.moments_roots(site.parts.x, _moments_forward(graph, layer, site, s, count))
+                 for site, s in zip(layer.sites, statistics)]
         for k in range(len(layer.sites[0].grad_ops)):
             _moments_backward(graph, layer, exchange, statistics, k, count)
+    if recompute and layer.has_gradients:
+        for tower_roots in roots:
+            count.recomputed += recomputation.recompute(graph, tower_roots).tensors
     return count
 
 
@@ -90,6 +98,7 @@ def _fused_forward(graph, layer: LayerPlan, site: Site, s: Synchronized, scale, 
     count.edges += reroute_consumers(op.outputs[1], batch_mean)
     count.edges += reroute_consumers(op.outputs[2], batch_variance)
     count.control_edges += reroute_control_outputs(op, [y.op])
+    return y
 
 
 def _fused_backward(graph, layer: LayerPlan, exchange, statistics, scales, k: int, count: Spliced):
@@ -169,6 +178,7 @@ def _moments_forward(graph, layer: LayerPlan, site: Site, s: Synchronized, count
         count.edges += reroute_consumers(shifted, recentred, only=readers)
     for op in (mean_op, variance_op):
         count.control_edges += reroute_control_outputs(op, [mean.op, variance.op])
+    return [mean, variance]
 
 
 def _moments_backward(graph, layer: LayerPlan, exchange, statistics, k: int, count: Spliced):

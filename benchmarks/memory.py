@@ -1,0 +1,199 @@
+"""Memory: peak per-step memory per device of the original multi-tower graph, the synchronized one,
+and the synchronized one with recompute (rewrite_towers(recompute=True)), step time beside it.
+
+  original    the multi-tower graph with fused batch norm (CIFAR10 pattern, per-tower gradients)
+  synced      after graphsync.rewrite_towers()
+  recompute   after graphsync.rewrite_towers(recompute=True)
+
+Models (benchmarks/models.py): unet64, the segmentation U-Net (64×64, 10 batch norms), and deeplab,
+a DeepLab-like ResNet backbone at output stride 8 with an ASPP-like head (64×64, 13 batch norms);
+4 towers × 2 examples, one logical CPU device per tower, 8 inter-op threads so that the towers run
+concurrently, as on four devices.
+
+What a GPU user would see: activation memory, not CPU kernel scratch space. Without oneDNN, CPU
+convolutions allocate im2col workspaces about 9× their input that dominate the peak; this script
+therefore sets TF_ENABLE_ONEDNN_OPTS=1 (oneDNN on any x86-64 CPU) and TF_CPU_ALLOCATOR_USE_BFC=true
+(the CPU allocator keeps statistics only as a BFC allocator) unless they are set already.
+
+Peak: the CPU allocator's peak during one step minus its bytes in use before it
+(tf.config.experimental.get_memory_info; the logical devices share that allocator, and the towers
+run concurrently, so the per-device peak is the step's peak over the number of towers). Peaks vary
+with the towers' interleaving: variants alternate, every round measures each once, medians reported.
+Step time: the median over the rounds of the mean of --steps steps.
+
+--sweep B…: the unet64 peaks also at these per-device batches, a straight line fitted per variant
+(peak = fixed + per-example × batch), and with --plot PATH the largest per-device batch that fits
+each memory budget, for the three variants.
+
+    python benchmarks/memory.py --plot docs/memory.png          # the recorded run (~15 min on 2 cores)
+    python benchmarks/memory.py --models unet64 --rounds 3      # a quick look
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common  # noqa: E402
+
+tf = _common.import_tf()
+tf1 = tf.compat.v1
+TOWERS = 4
+INTER_OP = 8
+SESSION_CONFIG = _common.logical_cpus(tf, TOWERS, INTER_OP, allow_soft_placement=False)
+
+import numpy as np  # noqa: E402
+
+import graphsync  # noqa: E402
+import models  # noqa: E402
+
+VARIANTS = {"original": False, "synced": True, "recompute": {"recompute": True}}
+MiB = 2.0 ** 20
+
+
+class Variant:
+    def __init__(self, arch, name, batches):
+        with _common.quiet_stderr():
+            self.built = models.build_towers(arch, TOWERS, "fused", batches, rewrite=VARIANTS[name])
+        self.name = name
+        self.session = tf1.Session(graph=self.built["graph"], config=SESSION_CONFIG)
+        self.session.run(self.built["init"])
+
+    def step(self):
+        self.session.run(self.built["train_op"])
+
+    def measure(self, steps):
+        """(peak bytes of one step above what was in use before, seconds per step over `steps`)."""
+        tf.config.experimental.reset_memory_stats("CPU:0")
+        before = tf.config.experimental.get_memory_info("CPU:0")["current"]
+        self.step()
+        peak = tf.config.experimental.get_memory_info("CPU:0")["peak"] - before
+        t0 = _common.now()
+        for _ in range(steps):
+            self.step()
+        return peak, (_common.now() - t0) / steps
+
+    def close(self):
+        self.session.close()
+
+
+def run(arch, batch, rounds, steps, warmup, log):
+    batches = models.data(arch, TOWERS, batch)
+    variants = {name: Variant(arch, name, batches) for name in VARIANTS}
+    report = variants["recompute"].built["report"]
+    for v in variants.values():
+        for _ in range(warmup):
+            v.step()
+    peaks = {n: [] for n in variants}
+    times = {n: [] for n in variants}
+    names = list(variants)
+    for r in range(rounds):
+        for name in names[r % 3:] + names[:r % 3]:
+            peak, seconds = variants[name].measure(steps)
+            peaks[name].append(peak / TOWERS)
+            times[name].append(seconds)
+        log(f"  {arch} ×{batch} round {r + 1}/{rounds}: " +
+            ", ".join(f"{n} {peaks[n][-1] / MiB:.1f} MiB {1e3 * times[n][-1]:.0f} ms" for n in names))
+    for v in variants.values():
+        v.close()
+    row = dict(model=arch, batch=batch, layers=len(report.layers), recomputed=report.recomputed)
+    for n in names:
+        row[f"{n}_mib"] = _common.median(peaks[n]) / MiB
+        row[f"{n}_ms"] = 1e3 * _common.median(times[n])
+    row["recompute_vs_original"] = _common.median([a / b for a, b in zip(peaks["recompute"], peaks["original"])])
+    row["synced_vs_original"] = _common.median([a / b for a, b in zip(peaks["synced"], peaks["original"])])
+    row["step_recompute_vs_synced"] = _common.median([a / b for a, b in zip(times["recompute"], times["synced"])])
+    row["step_synced_vs_original"] = _common.median([a / b for a, b in zip(times["synced"], times["original"])])
+    row["peaks"] = {n: [p / MiB for p in peaks[n]] for n in names}
+    row["times_ms"] = {n: [1e3 * t for t in times[n]] for n in names}
+    return row
+
+
+def fit(sweep_rows):
+    """Per variant, (fixed MiB, MiB per example) of a least-squares line through the sweep's peaks."""
+    lines = {}
+    for n in VARIANTS:
+        b = np.array([r["batch"] for r in sweep_rows], float)
+        p = np.array([r[f"{n}_mib"] for r in sweep_rows], float)
+        slope, fixed = np.polyfit(b, p, 1)
+        lines[n] = (float(fixed), float(slope))
+    return lines
+
+
+def plot(path, lines, sweep_rows):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    labels = {"original": "original (unsynchronized)", "synced": "synchronized",
+              "recompute": "synchronized + recompute"}
+    top = max(r["original_mib"] for r in sweep_rows) * 2.2
+    budgets = np.linspace(0, top, 400)
+    fig, ax = plt.subplots(figsize=(6.4, 3.6), dpi=110)
+    for n, style in zip(VARIANTS, ("-", "--", "-")):
+        fixed, slope = lines[n]
+        largest = np.maximum(np.floor((budgets - fixed) / slope), 0)
+        ax.step(budgets, largest, where="post", linestyle=style, linewidth=2 if n == "recompute" else 1.4,
+                label=labels[n])
+    ax.set_xlabel("memory budget per device (MiB of activations, gradients and buffers)")
+    ax.set_ylabel("largest batch per device")
+    ax.set_title("Segmentation U-Net 64×64, 4 towers (benchmarks/memory.py)", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(frameon=False)
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", default=["unet64", "deeplab"])
+    parser.add_argument("--batch", type=int, default=2, help="examples per tower")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--steps", type=int, default=2, help="timed steps per variant per round")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--sweep", nargs="*", type=int, default=[1, 4],
+                        help="more unet64 batches for the fitted line and the plot (with --batch)")
+    parser.add_argument("--plot", metavar="PATH", help="write the largest-batch-per-budget plot here")
+    parser.add_argument("--json", metavar="PATH")
+    args = parser.parse_args(argv)
+
+    def log(line):
+        print(line, file=sys.stderr, flush=True)
+
+    started = time.time()
+    rows = [run(arch, args.batch, args.rounds, args.steps, args.warmup, log) for arch in args.models]
+    sweep = [r for r in rows if r["model"] == "unet64"]
+    if "unet64" in args.models and args.sweep:
+        sweep += [run("unet64", b, max(3, args.rounds // 2), 1, 1, log) for b in args.sweep if b != args.batch]
+        sweep.sort(key=lambda r: r["batch"])
+    print(_common.header("Peak memory per device with recompute", argv))
+    print(f"TF_ENABLE_ONEDNN_OPTS={os.environ['TF_ENABLE_ONEDNN_OPTS']}, "
+          f"TF_CPU_ALLOCATOR_USE_BFC={os.environ['TF_CPU_ALLOCATOR_USE_BFC']}; {TOWERS} towers on {TOWERS} "
+          f"logical CPU devices, {INTER_OP} inter-op threads; medians of {args.rounds} alternating rounds.\n")
+    print(_common.table(rows, [("model", "model"), ("batch", "per device"), ("layers", "batch norms"),
+                               ("original_mib", "original MiB"), ("synced_mib", "synced MiB"),
+                               ("recompute_mib", "recompute MiB"),
+                               ("synced_vs_original", "synced ÷ original"),
+                               ("recompute_vs_original", "recompute ÷ original"),
+                               ("original_ms", "original ms"), ("synced_ms", "synced ms"),
+                               ("recompute_ms", "recompute ms"),
+                               ("step_recompute_vs_synced", "step recompute ÷ synced")]))
+    lines = None
+    if len(sweep) >= 2:
+        lines = fit(sweep)
+        print("\nunet64, peak per device = fixed + per example × batch (least squares over batches "
+              f"{', '.join(str(r['batch']) for r in sweep)}):\n")
+        print(_common.table([dict(variant=n, fixed=f, per_example=s) for n, (f, s) in lines.items()],
+                            [("variant", "variant"), ("fixed", "fixed MiB"), ("per_example", "MiB per example")]))
+        if args.plot:
+            plot(args.plot, lines, sweep)
+            print(f"\nplot: {args.plot}")
+    print(f"\n({time.time() - started:.0f} s)")
+    _common.write_json(args.json, dict(rows=rows, sweep=sweep, lines=lines, argv=argv or sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    main()

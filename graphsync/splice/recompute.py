@@ -1,0 +1,183 @@
+"""Recompute (rewrite_towers(recompute=True)): the backward reads a recomputed normalized output,
+and recomputed elementwise ops that follow it in the tower, instead of the forward's tensors.
+
+A conv → batch norm → activation layer otherwise keeps two activation-sized tensors alive from its
+forward to its backward: the batch norm's input x (its gradient needs it) and the activation's
+output a (the activation's gradient, the next convolution's filter gradient). `a` is a cheap
+function of x and of per-channel statistics the synchronized layer already holds, so the gradient
+ops that read it (and the normalized output, and every elementwise op between them) read copies
+instead, made from x and the *same* synchronized statistics: no statistic is recomputed, no
+exchange repeated, no moving average updated twice. The copies are the same ops on the same
+inputs, so a step with recompute is bit for bit the step without.
+
+What is recomputed, per tower, from the layer's normalization:
+    fused layers    the normalization op graphsync made (FusedBatchNormV3, is_training=False)
+    moments layers  the first scale or shift of x by a per-channel tensor made from the synchronized
+                    statistics (tf.nn.batch_normalization's x·inv, a hand-written x − μ)
+then, while the forward goes on in the same tower and device, `ACTIVATIONS` and `AFFINE` ops
+whose other input is per channel (or a scalar).
+
+Each copy waits, by a control edge, for the gradient tensors its readers take besides the forward's
+(the incoming gradient), so it runs only once the backward has reached the layer; a copy whose
+reader's gradient input would itself depend on a copy is not made to wait for it (no cycle).
+Grappler keeps the copies apart from the forward: their control inputs and the `RECOMPUTED_ATTR`
+attribute make them different nodes to common-subexpression elimination (arithmetic optimizer and
+the graph optimizer's CSE), and the control edge is the only path from the gradient to the copy,
+so the dependency optimizer's transitive reduction keeps it.
+
+Only gradients that exist at rewrite time can be made to read copies: gradients built after
+rewrite_towers read the forward's tensors (TensorFlow's own gradient functions pick them), and the
+rewrite warns. SyncBatchNormHook and `graphsync run` rewrite graphs whose gradients exist.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import re
+
+import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2
+
+from graphsync.graph import tf_private
+from graphsync.graph.reroute import reroute_consumers
+from graphsync.graph.tf_private import create_op, pristine_scope
+
+ACTIVATIONS = frozenset({"Relu", "Relu6", "LeakyRelu", "Elu", "Sigmoid", "Tanh", "Identity"})
+AFFINE = frozenset({"Mul", "AddV2", "Add", "BiasAdd", "Sub", "RealDiv"})   # with a per-channel operand
+RECOMPUTED_ATTR = "_graphsync_recompute"
+_SHAPE_TYPES = frozenset({"Shape", "ShapeN", "Size", "Rank"})
+# tf.gradients' scopes, and graphsync's synchronized backward (graphsync/splice/layer.py)
+_GRADIENT_OP = re.compile(r"(?:^|/)gradients(?:_\d+)?/|_sync_grad_\d+/")
+_STATISTICS_DEPTH = 12   # ops between a synchronized statistic and the per-channel operand it becomes
+
+
+@dataclasses.dataclass
+class Recomputed:
+    """What recomputing one tower's layer did: tensors whose backward readers moved to copies, the
+    copies made, and the edges moved."""
+
+    tensors: int = 0
+    ops: int = 0
+    edges: int = 0
+
+
+def is_gradient_op(op: tf.Operation) -> bool:
+    """An op of a `tf.gradients` call (its scope `…/gradients[_N]/`) or of graphsync's backward."""
+    return bool(_GRADIENT_OP.search(op.name))
+
+
+def fused_roots(y: tf.Tensor) -> list:
+    """A fused layer's recomputation starts from graphsync's own normalization op."""
+    return [y.op]
+
+
+def moments_roots(x: tf.Tensor, statistics: list) -> list:
+    """A moments layer's: the forward ops that scale or shift x by a per-channel tensor computed
+    from the synchronized statistics (`statistics`: the tensors every reader of the layer's mean and
+    variance now reads)."""
+    targets = {t.op for t in statistics}
+    return [op for op in x.consumers() if op.type in AFFINE and not is_gradient_op(op)
+            and _per_channel_operand(op, x) is not None
+            and _reaches(_per_channel_operand(op, x), targets)]
+
+
+def recompute(graph: tf.Graph, roots: list) -> Recomputed:
+    """Makes the gradient ops that read the outputs of `roots`, or of the elementwise ops that
+    follow them in the forward, read copies made once the backward reaches them."""
+    done = Recomputed()
+    chain = _chain(roots)
+    chained = {op.outputs[0].ref() for op in chain}
+    readers = {op: [c for c in op.outputs[0].consumers() if is_gradient_op(c) and c.type not in _SHAPE_TYPES]
+               for op in chain}
+    read = [op for op in chain if readers[op]]
+    if not read:
+        return done
+    needed = _with_chain_ancestors(read, chain)
+    all_readers = {r for op in read for r in readers[op]}
+    incoming = {t.op for r in all_readers for t in r.inputs
+                if t.ref() not in chained and is_gradient_op(t.op) and t.op.type not in _SHAPE_TYPES}
+    incoming -= _downstream(all_readers)
+    if not incoming:
+        return done   # nothing to wait for: a copy would run with the forward and save nothing
+    wait = sorted(incoming, key=lambda op: op.name)
+    copies = {}
+    for op in needed:
+        inputs = [copies.get(t.ref(), t) for t in op.inputs]
+        attrs = {k: v for k, v in op.node_def.attr.items() if k != "_class"}
+        attrs[RECOMPUTED_ATTR] = attr_value_pb2.AttrValue(b=True)
+        with pristine_scope(graph, op.device, op.name + "_recompute"), graph.control_dependencies(wait):
+            copy = create_op(graph, op.type, inputs, attrs, op.type)
+        copies[op.outputs[0].ref()] = copy.outputs[0]
+        done.ops += 1
+    for op in read:
+        done.edges += reroute_consumers(op.outputs[0], copies[op.outputs[0].ref()], only=readers[op])
+        done.tensors += 1
+    return done
+
+
+def _chain(roots: list) -> list:
+    """`roots` and the elementwise forward ops that follow them on the same device, in forward order."""
+    chain, queue, seen = [], collections.deque(roots), set(roots)
+    while queue:
+        op = queue.popleft()
+        chain.append(op)
+        t = op.outputs[0]
+        for consumer in t.consumers():
+            if consumer in seen or is_gradient_op(consumer) or consumer.device != op.device:
+                continue
+            if consumer.type in ACTIVATIONS and len(consumer.inputs) == 1 or \
+                    consumer.type in AFFINE and _per_channel_operand(consumer, t) is not None:
+                if consumer.outputs[0].shape.is_compatible_with(t.shape) and consumer.outputs[0].dtype == t.dtype:
+                    seen.add(consumer)
+                    queue.append(consumer)
+    return chain
+
+
+def _per_channel_operand(op: tf.Operation, t: tf.Tensor):
+    """The other operand of binary `op` reading `t` when it is per channel or a scalar (no more
+    elements than one dimension of t), else None."""
+    if len(op.inputs) != 2 or sum(u.ref() == t.ref() for u in op.inputs) != 1:
+        return None
+    if op.type in ("Sub", "RealDiv") and op.inputs[0].ref() != t.ref():
+        return None   # c − x, c / x: not a scale or shift of x
+    other = op.inputs[1] if op.inputs[0].ref() == t.ref() else op.inputs[0]
+    size = other.shape.num_elements()
+    dims = [d for d in t.shape.as_list()[1:] if d is not None] if t.shape.rank else []
+    return other if size is not None and size <= max(dims + [1]) else None
+
+
+def _reaches(t: tf.Tensor, targets: set) -> bool:
+    """Whether per-channel tensor `t` is computed from one of `targets` within a few ops."""
+    frontier, seen = [t.op], set()
+    for _ in range(_STATISTICS_DEPTH):
+        if any(op in targets for op in frontier):
+            return True
+        seen.update(frontier)
+        frontier = [u.op for op in frontier for u in op.inputs if u.op not in seen]
+        if not frontier:
+            return False
+    return False
+
+
+def _with_chain_ancestors(read: list, chain: list) -> list:
+    """The chain ops the copies of `read` need, in forward order."""
+    members, needed, stack = set(chain), set(), list(read)
+    while stack:
+        op = stack.pop()
+        if op in needed:
+            continue
+        needed.add(op)
+        stack += [t.op for t in op.inputs if t.op in members]
+    return [op for op in chain if op in needed]
+
+
+def _downstream(ops: set) -> set:
+    """Every op that runs after one of `ops` (data and control edges)."""
+    seen, stack = set(ops), list(ops)
+    while stack:
+        op = stack.pop()
+        for nxt in [c for t in op.outputs for c in t.consumers()] + tf_private.control_outputs(op):
+            if nxt not in seen:
+                seen.add(nxt)
+                stack.append(nxt)
+    return seen

@@ -103,6 +103,8 @@ def _rewrite(graph, towers, device, strategy, group_size, process_group, recompu
     _say_kept_per_tower(plan.kept_per_tower)
     if plan.recompute:
         _say_not_recomputed([layer for layer in plan.layers if not layer.has_gradients])
+        _say_not_recomputed_behind_flags([layer for layer in plan.layers
+                                          if layer.has_gradients and layer.shown_kind == "conditional"])
     if report.changed:
         _rewritten_graphs.add(graph)
         _say_races(ref_races.find_races(graph))
@@ -149,6 +151,17 @@ def _say_not_recomputed(layers: list) -> None:
         warnings.warn(f"recompute=True found no gradients to recompute for in {len(layers)} "
                       f"layer{'s' * (len(layers) > 1)} (first: {layers[0].name}): build the gradients before "
                       "rewrite_towers; these layers keep the forward's tensors for their backward",
+                      GraphsyncWarning, stacklevel=4)
+
+
+def _say_not_recomputed_behind_flags(layers: list) -> None:
+    """A GraphsyncWarning when recompute=True meets layers behind a tensor training flag: their
+    recomputation would have to sit inside the flag's control flow, which it does not do yet, so
+    their backward keeps the forward's tensors (synchronized all the same)."""
+    if layers:
+        warnings.warn(f"recompute=True leaves {len(layers)} layer{'s' * (len(layers) > 1)} behind a tensor training "
+                      f"flag as they are (first: {layers[0].name}): their backward keeps the forward's tensors; "
+                      "pass training=True as a Python bool to recompute them",
                       GraphsyncWarning, stacklevel=4)
 
 

@@ -303,3 +303,21 @@ def test_between_graph_workers_behind_a_flag(tmp_path):
                      for k in ("eval_output", "eval_loss"))
     assert evaluation == 0.0, evaluation
 
+
+
+@pytest.mark.parametrize("version", ["v2", "v1"])
+def test_recompute_behind_a_flag_is_said_and_changes_nothing(version):
+    """recompute=True cannot yet recompute inside a flag's control flow: one warning names the
+    layers, and the step is the synchronized one without recompute."""
+    batch_sizes = (3, 5)
+    x, t = _data(batch_sizes)
+    reports = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        built = _build(MODELS["layers"](), list(batch_sizes), version,
+                       rewrite=lambda g: reports.append(graphsync.rewrite_towers(g, recompute=True)))
+    said = [str(w.message) for w in caught if issubclass(w.category, graphsync.GraphsyncWarning)]
+    assert any("recompute=True leaves 2 layers behind a tensor training flag as they are" in m for m in said), said
+    assert reports[0].recomputed == 0
+    errors = _errors(_step(built, x, t, batch_sizes, True), _reference("layers", version, batch_sizes))
+    assert max(errors.values()) < TOLERANCE, errors

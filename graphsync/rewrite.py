@@ -102,9 +102,7 @@ def _rewrite(graph, towers, device, strategy, group_size, process_group, recompu
     _check(spliced)
     _say_kept_per_tower(plan.kept_per_tower)
     if plan.recompute:
-        _say_not_recomputed([layer for layer in plan.layers if not layer.has_gradients])
-        _say_not_recomputed_behind_flags([layer for layer in plan.layers
-                                          if layer.has_gradients and layer.shown_kind == "conditional"])
+        _say_not_recomputed(plan.layers)
     if report.changed:
         _rewritten_graphs.add(graph)
         _say_races(ref_races.find_races(graph))
@@ -145,24 +143,21 @@ def _say_kept_per_tower(kept: list) -> None:
 
 
 def _say_not_recomputed(layers: list) -> None:
-    """A GraphsyncWarning when recompute=True meets layers whose gradients do not exist yet: their
-    backward, built later by TensorFlow's own gradient functions, reads the forward's tensors."""
-    if layers:
-        warnings.warn(f"recompute=True found no gradients to recompute for in {len(layers)} "
-                      f"layer{'s' * (len(layers) > 1)} (first: {layers[0].name}): build the gradients before "
-                      "rewrite_towers; these layers keep the forward's tensors for their backward",
-                      GraphsyncWarning, stacklevel=4)
-
-
-def _say_not_recomputed_behind_flags(layers: list) -> None:
-    """A GraphsyncWarning when recompute=True meets layers behind a tensor training flag: their
-    recomputation would have to sit inside the flag's control flow, which it does not do yet, so
-    their backward keeps the forward's tensors (synchronized all the same)."""
-    if layers:
-        warnings.warn(f"recompute=True leaves {len(layers)} layer{'s' * (len(layers) > 1)} behind a tensor training "
-                      f"flag as they are (first: {layers[0].name}): their backward keeps the forward's tensors; "
-                      "pass training=True as a Python bool to recompute them",
-                      GraphsyncWarning, stacklevel=4)
+    """A GraphsyncWarning per reason recompute=True left layers' backward reading the forward's
+    tensors (synchronized all the same): gradients not built yet (TensorFlow's own gradient
+    functions, built later, read the forward), or a tensor training flag (the recomputation would
+    have to sit inside the flag's control flow, which it does not do yet)."""
+    reasons = (
+        ([layer for layer in layers if not layer.has_gradients],
+         "recompute=True found no gradients to recompute for in {n} (first: {first}): build the gradients before "
+         "rewrite_towers; these layers keep the forward's tensors for their backward"),
+        ([layer for layer in layers if layer.has_gradients and layer.shown_kind == "conditional"],
+         "recompute=True leaves {n} behind a tensor training flag as they are (first: {first}): their backward "
+         "keeps the forward's tensors; pass training=True as a Python bool to recompute them"))
+    for left, line in reasons:
+        if left:
+            n = f"{len(left)} layer{'s' * (len(left) > 1)}"
+            warnings.warn(line.format(n=n, first=left[0].name), GraphsyncWarning, stacklevel=4)
 
 
 def _say_races(races: list) -> None:

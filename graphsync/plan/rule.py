@@ -79,7 +79,7 @@ def verdicts(graph: tf.Graph, towers, explicit: bool, covered: dict, analysis=No
             rows.append(Verdict(op.name, op.type, where and where.label,
                                 "synchronized" if kind == batch_axis.SYNCHRONIZED else "per tower",
                                 "a batch norm graphsync synchronizes" if kind == batch_axis.SYNCHRONIZED
-                                else str(kind)))
+                                else "a form kept per tower on purpose (its reason: left alone)"))
             continue
         verdict, why = batch_axis.verdict(analysis, crossed, tower, skip)
         if verdict in (batch_axis.STATISTIC, batch_axis.ORDER):

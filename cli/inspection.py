@@ -77,7 +77,11 @@ def _inspection(loaded, plan, n_ops: int, inlined: list) -> dict:
             "towers_found_by": plan.found_by,
             "device": plan.device, "strategy": plan.strategy,
             "groups": [[plan.towers[i].label for i in g] for g in plan.groups],
-            "layers": layers, "skipped": skipped, "summary": summary}
+            "layers": layers, "skipped": skipped,
+            "cross_example": [{"op": r.op, "type": r.type, "tower": r.tower, "verdict": r.verdict, "why": r.why}
+                              for r in plan.cross_example],
+            "trace_ended": [{"op": op, "why": why} for op, why in plan.trace_ended],
+            "summary": summary}
 
 
 def _tower_devices(graph, plan) -> dict:
@@ -131,5 +135,17 @@ def _format_inspection(info: dict, verbose: bool) -> str:
         lines.append(f"left alone ({len(info['skipped'])}):")
         for s in info["skipped"]:
             lines.append(f"  {s['op']}" + (f" [{s['tower']}]" if s["tower"] else "") + f": {s['reason']}")
+    rows = info.get("cross_example", [])
+    if rows:
+        shown = rows if verbose else [r for r in rows if r["verdict"] != "synchronized"]
+        lines.append(f"ops combining examples ({len(rows)}), in forward order, with their verdict:")
+        for r in shown:
+            lines.append(f"  {r['verdict']:<12} {r['op']} ({r['type']})" + (f" [{r['tower']}]" if r["tower"] else "")
+                         + f": {r['why']}")
+        if len(shown) < len(rows):
+            lines.append(f"  … {len(rows) - len(shown)} synchronized with the layers above (-v lists them)")
+    if verbose and info.get("trace_ended"):
+        lines.append(f"where the batch axis's trace ended ({len(info['trace_ended'])}):")
+        lines.extend(f"  {t['op']}: {t['why']}" for t in info["trace_ended"])
     lines.append(info["summary"])
     return "\n".join(lines)

@@ -19,6 +19,7 @@ from graphsync.errors import GraphsyncError, GraphsyncWarning
 from graphsync.between_graph.process_group import ProcessGroup
 from graphsync.exchange import make_exchange
 from graphsync.plan.data import Plan, digest, fingerprints
+from graphsync.plan import rule
 from graphsync.plan.planner import make_plan
 from graphsync.report import LayerReport, RewriteReport, SkippedReport
 
@@ -91,6 +92,7 @@ def _rewrite(graph, towers, device, strategy, group_size, process_group, recompu
     exchange = make_exchange(graph, plan.strategy, plan.device, plan.groups, process_group,
                              digest("\n".join(report.fingerprints))) if plan.layers else None
     spliced = []
+    made_after = max((tf_private.creation_order(op) for op in graph.get_operations()), default=-1)
     for layer in plan.layers:
         made = splice.splice_layer(graph, layer, exchange, recompute=plan.recompute)
         spliced.append(made.layer)
@@ -100,6 +102,8 @@ def _rewrite(graph, towers, device, strategy, group_size, process_group, recompu
         report.layers.append(LayerReport(layer.name, layer.shown_kind, tuple(s.op.name for s in layer.sites),
                                          "rewritten" if layer.has_gradients else "autodiff"))
     _check(spliced)
+    if plan.layers:   # the analysis again, on the result: no batch statistic left per tower
+        rule.check_rewritten(graph, plan, plan.covered, made_after)
     _say_kept_per_tower(plan.kept_per_tower)
     if plan.recompute:
         _say_not_recomputed(plan.layers)

@@ -37,8 +37,13 @@ def is_count(count: tf.Tensor, total_op: tf.Operation, inverse: bool) -> bool:
         if np.size(value) != 1 or any(d is None for d in dims):
             return False
         want = float(np.prod(dims))
-        got = 1.0 / float(np.ravel(value)[0]) if inverse else float(np.ravel(value)[0])
-        return abs(got - want) <= 1e-6 * want
+        try:
+            got = float(np.ravel(value)[0])
+        except (TypeError, ValueError):   # a complex or string constant counts nothing
+            return False
+        if inverse:   # got = 1/want, compared without dividing: a factor may be 0 (x * 0.0) or NaN
+            return want > 0 and abs(got * want - 1.0) <= 1e-6
+        return want > 0 and abs(got - want) <= 1e-6 * want
     if inverse:
         return False
     probe = [d if d is not None else _PROBE_DIMS[i % len(_PROBE_DIMS)] for i, d in enumerate(source.shape.as_list())]
@@ -47,7 +52,7 @@ def is_count(count: tf.Tensor, total_op: tf.Operation, inverse: bool) -> bool:
     except (_NotACount, ValueError, IndexError, TypeError):
         return False
     want = float(np.prod([probe[a] for a in axes]))
-    return np.size(got) == 1 and abs(float(np.ravel(got)[0]) - want) <= 1e-6 * want
+    return want > 0 and np.size(got) == 1 and abs(float(np.ravel(got)[0]) - want) <= 1e-6 * want
 
 
 class _NotACount(Exception):

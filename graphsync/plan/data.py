@@ -90,6 +90,9 @@ class Plan:
     found_by: str = ""     # how the towers were found: "known name", "structure: gpu_%d", "towers= option"
     calls: tuple = ()      # tower tf.function calls to inline first (splice/inline.py)
     recompute: bool = False   # the backward reads recomputed normalized outputs (splice/recompute.py)
+    cross_example: tuple = ()   # every op combining examples, with its verdict (plan/rule.py Verdict)
+    trace_ended: tuple = ()     # (op name, why) where the batch axis's trace ended (match/batch_axis.py)
+    covered: dict = dataclasses.field(default_factory=dict, compare=False, hash=False)  # rule.covered_ops
 
     @property
     def kept_per_tower(self) -> list[tuple[str, str]]:

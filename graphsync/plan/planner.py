@@ -15,7 +15,7 @@ from graphsync.errors import GraphsyncError, NoTowersError
 from graphsync.graph import order, shapes, tf_private
 from graphsync.match import hidden
 from graphsync.match.candidate import MomentsParts
-from graphsync.plan import shared_tasks, training_flag
+from graphsync.plan import rule, shared_tasks, training_flag
 from graphsync.plan.data import LayerPlan, MomentsGrad, Plan, Site
 from graphsync.stats import Layout
 from graphsync.towers import names as tower_names
@@ -26,7 +26,14 @@ from graphsync.towers.scopes import ROOT, Tower, conventional_families, find_tow
 def make_plan(graph: tf.Graph, towers=None, device: str | None = None, *, strategy: str = "gather",
               group_size: int | None = None, process_group=None, recompute: bool = False) -> Plan:
     """Everything the splice needs, validated; raises GraphsyncError and leaves the graph alone."""
-    plan = _match_and_pair(graph, towers, device, process_group)
+    candidates = match.candidates(graph)
+    plan = _match_and_pair(graph, towers, device, process_group, candidates)
+    covered = rule.covered_ops(graph, plan.layers, candidates)
+    rows, analysis = rule.verdicts(graph, plan.towers, towers is not None, covered)
+    if not plan.calls:   # else planned again once the calls are inlined
+        rule.refuse(rows)
+    plan = dataclasses.replace(plan, cross_example=rows, covered=covered,
+                               trace_ended=tuple((op.name, why) for op, why in analysis.ended))
     layers, skipped = _in_forward_order(graph, plan.layers, plan.skipped)
     plan = dataclasses.replace(plan, layers=tuple(layers), skipped=tuple(skipped), strategy=strategy,
                                process_group=process_group, recompute=bool(recompute),
@@ -74,9 +81,8 @@ def _canonical(device: str) -> str:
     return tf.DeviceSpec.from_string(device).to_string() if device else ""
 
 
-def _match_and_pair(graph: tf.Graph, towers, device, process_group) -> Plan:
+def _match_and_pair(graph: tf.Graph, towers, device, process_group, candidates) -> Plan:
     """Candidates → towers → layers paired across towers; a Plan without the options' checks."""
-    candidates = match.candidates(graph)
     skipped = [(c.name, c.skip_reason) for c in candidates if c.skip_reason]
     live = [c for c in candidates if not c.skip_reason]
     explicit = towers is not None

@@ -1,0 +1,620 @@
+"""The batch axis, traced; the ops that combine examples found by rule, whatever their spelling.
+
+The rule SPMD partitioners (GSPMD, DTensor) apply to a batch-sharded program: any computation that
+combines different examples of the batch must combine all of them. `analyze(graph)` follows the
+axes that hold the examples from the data sources (placeholders, iterators, queues: their axis 0)
+through the forward pass, op by op, with a small table of rules in the spirit of GSPMD's sharding
+propagation (RULES: how each op type carries the batch axes of its inputs to its outputs). An op
+type the table does not know ends the trace there, and is listed (`Analysis.ended`), never
+silently passed through. Gradient ops (tf.gradients' scopes) are not the forward and are not traced.
+
+A cross-example op (CrossOp) is one that combines examples: it reduces over an axis carrying the
+batch (Sum, Mean, Max, Min, Prod, …, any keep_dims), contracts over it (MatMul, BatchMatMul,
+Einsum), does so in a kernel (training-mode FusedBatchNorm*), or orders or selects among examples
+(TopKV2, ArgMax, Cumsum over the batch). Its verdict (`verdict`):
+
+    statistic  its value flows back into tensors that still carry the batch and on into the model
+               (an op reading a variable): a batch statistic, to synchronize across towers
+    terminal   its value only reaches losses, metrics, summaries, variable updates: stays per tower
+    ghost      it reduces only part of the batch axes (a reshape split the batch: virtual batches)
+    order      a sort, top-k or arg-max over the batch whose value flows back: cannot be synchronized
+
+A reshape that splits the batch into several axes carries it on all of them; a reduction over
+some of those is partial (ghost batch norm), over all of them full.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import numpy as np
+import tensorflow as tf
+
+from graphsync.graph import shapes
+
+_GRADIENT_SCOPE = re.compile(r"(?:^|/)gradients(?:_\d+)?/")
+
+SOURCES = frozenset({"Placeholder", "PlaceholderWithDefault", "IteratorGetNext", "IteratorGetNextSync",
+                     "QueueDequeueMany", "QueueDequeueManyV2", "QueueDequeueUpTo", "QueueDequeueUpToV2",
+                     "ParseExample", "ParseExampleV2", "DecodeCSV"})
+
+_UNARY_BINARY = frozenset("""
+Abs Acos Acosh Add AddV2 AddN Asin Asinh Atan Atan2 Atanh BiasAdd Cast Ceil CheckNumerics ClipByValue Cos
+Cosh DebugIdentity Digamma Div DivNoNan Elu EnsureShape Equal Erf Erfc Exp Expm1 Floor FloorDiv FloorMod
+Greater GreaterEqual Identity Inv IsFinite IsInf IsNan LeakyRelu Less LessEqual Lgamma Log Log1p
+LogicalAnd LogicalNot LogicalOr Maximum Minimum Mod Mul MulNoNan Neg NotEqual OnesLike Pow
+PreventGradient RealDiv Reciprocal Relu Relu6 Rint Round Rsqrt Select SelectV2 Selu Sigmoid Sign Sin
+Sinh Snapshot Softplus Softsign Sqrt Square SquaredDifference StopGradient Sub Tan Tanh TruncateDiv
+Xdivy Xlogy ZerosLike BitwiseAnd BitwiseOr BitwiseXor Angle Real Imag Conj Complex
+""".split())
+_PER_EXAMPLE = frozenset("""
+Conv2D Conv3D DepthwiseConv2dNative MaxPool MaxPoolV2 AvgPool AvgPool3D MaxPool3D LRN Dilation2D
+ResizeBilinear ResizeNearestNeighbor ResizeBicubic ResizeArea SpaceToDepth DepthToSpace ExtractImagePatches
+Conv2DBackpropInput Conv3DBackpropInputV2 MaxPoolWithArgmax FusedResizeAndPadConv2D FusedPadConv2D
+""".split())
+_KEEP = frozenset("Pad PadV2 MirrorPad Tile Slice ReverseV2 Roll Softmax LogSoftmax".split())
+_REDUCTIONS = frozenset("Sum Mean Max Min Prod All Any EuclideanNorm".split())
+_NO_BATCH = frozenset("""
+Shape ShapeN Size Rank BroadcastArgs BroadcastGradientArgs Assign AssignAdd AssignSub AssignVariableOp
+AssignAddVariableOp AssignSubVariableOp ScalarSummary HistogramSummary ImageSummary AudioSummary
+AudioSummaryV2 TensorSummary TensorSummaryV2 MergeSummary WriteSummary WriteScalarSummary
+WriteHistogramSummary WriteImageSummary Print PrintV2 Assert NoOp SaveV2 Save SaveSlices StringFormat
+""".split())
+_ORDER = frozenset("TopKV2 TopK ArgMax ArgMin Cumsum Cumprod CumulativeLogsumexp Unique UniqueV2 UniqueWithCounts".split())
+_FUSED = frozenset({"FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3"})
+_VARIABLES = frozenset({"VariableV2", "Variable", "VarHandleOp", "ReadVariableOp", "ResourceGather"})
+
+
+class _End(Exception):
+    """The trace ends at this op: why."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CrossOp:
+    """An op that combines examples: how (reduce, contract, kernel, order), and whether it covers
+    only part of the batch axes (partial: ghost batch norm's virtual batches)."""
+
+    op: tf.Operation
+    how: str
+    partial: bool = False
+
+
+@dataclasses.dataclass
+class Analysis:
+    batch: dict                 # tensor ref → frozenset of the axes that carry the batch
+    cross: dict                 # op → CrossOp, in the order found
+    ended: list                 # (op, why) where a trace ended: an op type the table does not know, …
+
+    def carries(self, tensor: tf.Tensor) -> bool:
+        return bool(self.batch.get(tensor.ref()))
+
+
+def is_gradient_op(op: tf.Operation) -> bool:
+    return bool(_GRADIENT_SCOPE.search(op.name))
+
+
+def analyze(graph: tf.Graph, ops=None) -> Analysis:
+    """Traces the batch axes through `graph` (or from `ops`, the graph's ops, when given)."""
+    batch, cross, ended = {}, {}, {}
+    queue = []
+    for op in ops if ops is not None else graph.get_operations():
+        if op.type in SOURCES and not is_gradient_op(op):
+            for t in op.outputs:
+                if t.shape.rank is None or t.shape.rank >= 1:
+                    batch[t.ref()] = frozenset({0})
+                    queue.append(t)
+    seen_ops = set()
+    while queue:
+        tensor = queue.pop()
+        for op in tensor.consumers():
+            if is_gradient_op(op):
+                continue
+            ins = [batch.get(t.ref()) for t in op.inputs]
+            key = (op, tuple(ins))
+            if key in seen_ops:
+                continue
+            seen_ops.add(key)
+            try:
+                outs, crossed = _apply(op, ins)
+            except _End as why:
+                ended.setdefault(op, str(why))
+                continue
+            except (ValueError, TypeError, IndexError, ZeroDivisionError) as exc:
+                ended.setdefault(op, f"its batch axes cannot be read ({type(exc).__name__})")
+                continue
+            if crossed is not None:
+                cross[op] = crossed
+            for t, axes in zip(op.outputs, outs):
+                if axes and batch.get(t.ref()) != axes and t.ref() not in batch:
+                    batch[t.ref()] = axes
+                    queue.append(t)
+    return Analysis(batch, cross, list(ended.items()))
+
+
+# ---------------------------------------------------------------------------------------------
+# The rules: (op, each input's batch axes or None) → (each output's batch axes, CrossOp or None)
+
+def _apply(op, ins):
+    kind = op.type
+    if kind in _UNARY_BINARY:
+        return _broadcast(op, ins), None
+    if kind in _NO_BATCH:
+        return [None] * len(op.outputs), None
+    if kind in _PER_EXAMPLE:
+        data = 2 if kind.startswith(("Conv2DBackpropInput", "Conv3DBackpropInput")) else 0
+        return _per_example(op, ins, data), None
+    if kind in _FUSED:
+        outs = _per_example(op, ins, 0)
+        training = op.get_attr("is_training")
+        return [outs[0]] + [None] * (len(op.outputs) - 1), (CrossOp(op, "kernel") if training and ins[0] else None)
+    if kind in _KEEP:
+        axes = _only(ins, 0, op)
+        if kind in ("Softmax", "LogSoftmax") and axes and _rank(op.inputs[0]) is not None and \
+                _rank(op.inputs[0]) - 1 in axes:
+            return [None], CrossOp(op, "reduce")
+        return [axes] * len(op.outputs), None
+    if kind in _REDUCTIONS:
+        return _reduction(op, ins)
+    if kind in _ORDER:
+        return _order(op, ins)
+    rule = RULES.get(kind)
+    if rule is None:
+        raise _End(f"no rule for op type {kind}")
+    return rule(op, ins)
+
+
+def _rank(tensor):
+    return tensor.shape.rank
+
+
+def _only(ins, index, op):
+    """The batch axes of input `index`; the trace ends if another input carries the batch."""
+    if any(a for i, a in enumerate(ins) if i != index):
+        raise _End(f"{op.type} reads the batch on an input it does not carry it from")
+    return ins[index]
+
+
+def _broadcast(op, ins):
+    out_rank = _rank(op.outputs[0]) if op.outputs else None
+    found = set()
+    for t, axes in zip(op.inputs, ins):
+        if not axes:
+            continue
+        rank = _rank(t)
+        if rank == out_rank:
+            found.add(axes)
+        elif rank is None or out_rank is None:
+            raise _End(f"{op.type} broadcasts a tensor of unknown rank")
+        else:
+            found.add(frozenset(a + out_rank - rank for a in axes))
+    widest = max(found, key=len) if found else None
+    if any(not axes <= widest for axes in found):   # nested sets: a ghost statistic meets its virtual batches
+        raise _End(f"{op.type} combines inputs that carry the batch on different axes")
+    axes = widest
+    return [axes] * len(op.outputs)
+
+
+def _per_example(op, ins, data):
+    axes = _only(ins, data, op)
+    if axes is not None and axes != frozenset({0}):
+        raise _End(f"{op.type} reads the batch on axes {sorted(axes)}, not 0")
+    return [axes] + [None] * (len(op.outputs) - 1)
+
+
+def _const_axes(tensor, rank):
+    value = tf.get_static_value(tensor)
+    if value is None:
+        raise _End("its axes are not constant")
+    axes = [int(a) for a in np.ravel(value)]
+    if rank is None:
+        if any(a < 0 for a in axes):
+            raise _End("negative axes of a tensor of unknown rank")
+        return frozenset(axes)
+    return frozenset(a % rank for a in axes) if rank else frozenset()
+
+
+def _reduction(op, ins):
+    axes = _only(ins, 0, op)
+    if not axes:
+        return [None], None
+    rank = _rank(op.inputs[0])
+    reduced = _const_axes(op.inputs[1], rank)
+    if rank is not None and not reduced and np.size(tf.get_static_value(op.inputs[1])) == 0:
+        return [axes], None   # an empty reduction: the identity
+    return _reduced(op, axes, reduced, bool(op.get_attr("keep_dims")), "reduce")
+
+
+def _reduced(op, axes, reduced, keep, how):
+    """Output axes and the CrossOp of reducing `reduced` from a tensor whose batch is on `axes`."""
+    hit = axes & reduced
+    left = axes - reduced
+    out = left if keep else frozenset(a - sum(r < a for r in reduced) for a in left)
+    crossed = CrossOp(op, how, partial=bool(left)) if hit else None
+    return [out or None] + [None] * (len(op.outputs) - 1), crossed
+
+
+def _order(op, ins):
+    kind = op.type
+    axes = _only(ins, 0, op)
+    if not axes:
+        return [None] * len(op.outputs), None
+    rank = _rank(op.inputs[0])
+    if kind in ("TopKV2", "TopK"):
+        if rank is None:
+            raise _End("top-k of a tensor of unknown rank")
+        last = frozenset({rank - 1})
+        if axes & last:
+            return [None] * len(op.outputs), CrossOp(op, "order", partial=bool(axes - last))
+        return [axes] * len(op.outputs), None
+    if kind in ("Unique", "UniqueV2", "UniqueWithCounts"):
+        return [None] * len(op.outputs), CrossOp(op, "order")
+    along = _const_axes(op.inputs[1], rank)
+    if kind in ("ArgMax", "ArgMin"):
+        return _reduced(op, axes, along, False, "order")
+    if axes & along:   # a cumulative sum or product along the batch
+        return [axes], CrossOp(op, "order")
+    return [axes], None
+
+
+# ---------------------------------------------------------------------------------------------
+# Rules for ops that move axes
+
+def _transpose(op, ins):
+    axes = _only(ins, 0, op)
+    perm = tf.get_static_value(op.inputs[1])
+    if perm is None:
+        raise _End("its permutation is not constant")
+    perm = [int(p) for p in np.ravel(perm)]
+    return [frozenset(perm.index(a) for a in axes)], None
+
+
+_BATCH_PROBE = 720720   # an unknown batch size divisible by 2…16: a split into k virtual batches divides it
+_OTHER_PROBES = (17, 19, 23, 29, 31, 37, 41, 43)
+
+
+def _reshape(op, ins):
+    axes = _only(ins, 0, op)
+    dims_in, dims_out = shapes.dims(op.inputs[0].shape), shapes.dims(op.outputs[0].shape)
+    if dims_in is None or dims_out is None:
+        raise _End("a reshape of unknown rank")
+    probe = [d if d is not None else (_BATCH_PROBE if i in axes else _OTHER_PROBES[i % 8])
+             for i, d in enumerate(dims_in)]
+    total = int(np.prod(probe, dtype=object))
+    unknown = [i for i, d in enumerate(dims_out) if d is None]
+    if len(unknown) > 1:
+        raise _End("a reshape to more than one unknown dimension")
+    out = list(dims_out)
+    if unknown:
+        known = int(np.prod([d for d in dims_out if d is not None], dtype=object))
+        if known == 0 or total % known:
+            raise _End("a reshape whose unknown dimension cannot be read")
+        out[unknown[0]] = total // known
+    lo, hi = min(axes), max(axes)
+    before = int(np.prod(probe[:lo], dtype=object))
+    through = int(np.prod(probe[:hi + 1], dtype=object))
+    if total == 0:
+        raise _End("a reshape of an empty tensor")
+    found, cum = set(), 1
+    for b, d in enumerate(out):
+        nxt = cum * d
+        if nxt > before and cum < through:
+            found.add(b)
+        cum = nxt
+    return [frozenset(found) or None], None
+
+
+def _expand_dims(op, ins):
+    axes = _only(ins, 0, op)
+    rank = _rank(op.inputs[0])
+    dim = int(np.ravel(tf.get_static_value(op.inputs[1]))[0]) if tf.get_static_value(op.inputs[1]) is not None \
+        else None
+    if dim is None or (rank is None and dim < 0):
+        raise _End("its axis is not constant")
+    dim = dim % (rank + 1) if rank is not None else dim
+    return [frozenset(a + (a >= dim) for a in axes)], None
+
+
+def _squeeze(op, ins):
+    axes = _only(ins, 0, op)
+    dims_in = shapes.dims(op.inputs[0].shape)
+    listed = list(op.get_attr("squeeze_dims"))
+    if dims_in is None:
+        raise _End("a squeeze of unknown rank")
+    removed = {d % len(dims_in) for d in listed} if listed else {i for i, d in enumerate(dims_in) if d == 1}
+    if _rank(op.outputs[0]) != len(dims_in) - len(removed):
+        raise _End("a squeeze of unknown dimensions")
+    if axes & removed:
+        raise _End("a squeeze of the batch axis")
+    return [frozenset(a - sum(r < a for r in removed) for a in axes)], None
+
+
+def _concat(op, ins):
+    values = [a for a in ins[:-1] if a]
+    if ins[-1]:
+        raise _End("a concatenation along a computed axis")
+    if len(set(values)) > 1:
+        raise _End("a concatenation of tensors carrying the batch on different axes")
+    return [values[0] if values else None], None
+
+
+def _pack(op, ins):
+    values = {a for a in ins if a}
+    if len(values) > 1:
+        raise _End("a stack of tensors carrying the batch on different axes")
+    rank = _rank(op.outputs[0])
+    axis = op.get_attr("axis")
+    if rank is None:
+        raise _End("a stack of unknown rank")
+    axis %= rank
+    axes = values.pop() if values else frozenset()
+    return [frozenset(a + (a >= axis) for a in axes) or None], None
+
+
+def _unpack(op, ins):
+    axes = _only(ins, 0, op)
+    rank = _rank(op.inputs[0])
+    if rank is None:
+        raise _End("an unstack of unknown rank")
+    axis = op.get_attr("axis") % rank
+    if axis in axes:
+        raise _End("an unstack of the batch axis into single examples")
+    return [frozenset(a - (a > axis) for a in axes)] * len(op.outputs), None
+
+
+def _split(op, ins):
+    value = 1 if op.type == "Split" else 0
+    axes = _only(ins, value, op)
+    return [axes] * len(op.outputs), None
+
+
+def _strided_slice(op, ins):
+    axes = _only(ins, 0, op)
+    rank = _rank(op.inputs[0])
+    begin = tf.get_static_value(op.inputs[1])
+    if rank is None or begin is None:
+        raise _End("a strided slice of unknown rank or computed spec")
+    n = int(np.size(begin))
+    masks = {k: op.get_attr(k) for k in ("ellipsis_mask", "new_axis_mask", "shrink_axis_mask")}
+    mapping, i_in, i_out = {}, 0, 0
+    for s in range(n):
+        bit = 1 << s
+        if masks["ellipsis_mask"] & bit:
+            later = sum(1 for j in range(s + 1, n) if not masks["new_axis_mask"] & (1 << j))
+            for _ in range(rank - i_in - later):
+                mapping[i_in] = i_out
+                i_in, i_out = i_in + 1, i_out + 1
+        elif masks["new_axis_mask"] & bit:
+            i_out += 1
+        elif masks["shrink_axis_mask"] & bit:
+            mapping[i_in] = None
+            i_in += 1
+        else:
+            mapping[i_in] = i_out
+            i_in, i_out = i_in + 1, i_out + 1
+    while i_in < rank:
+        mapping[i_in] = i_out
+        i_in, i_out = i_in + 1, i_out + 1
+    if any(mapping.get(a) is None for a in axes):
+        raise _End("a slice that selects single examples")
+    return [frozenset(mapping[a] for a in axes)], None
+
+
+def _gather(op, ins):
+    params, indices = ins[0], ins[1]
+    if len(ins) > 2 and ins[2]:
+        raise _End("a gather along a computed axis")
+    rank_p, rank_i = _rank(op.inputs[0]), _rank(op.inputs[1])
+    if op.type == "ResourceGather":
+        axis = 0
+    else:
+        axis = 0 if op.type == "Gather" else tf.get_static_value(op.inputs[2])
+    if axis is None or rank_i is None or (params and rank_p is None):
+        raise _End("a gather of unknown rank or along a computed axis")
+    axis = int(axis) % rank_p if rank_p else int(axis)
+    if op.type != "ResourceGather" and op.get_attr("batch_dims") if op.type == "GatherV2" else False:
+        raise _End("a gather with batch_dims")
+    found = set()
+    if params:
+        if axis in params:
+            raise _End("a gather of examples")
+        found |= {a if a < axis else a - 1 + rank_i for a in params}
+    if indices:
+        found |= {a + axis for a in indices}
+    return [frozenset(found) or None], None
+
+
+def _one_hot(op, ins):
+    axes = _only(ins, 0, op)
+    axis = op.get_attr("axis")
+    rank = _rank(op.inputs[0])
+    if axis == -1:
+        return [axes], None
+    if rank is None:
+        raise _End("a one-hot of unknown rank")
+    return [frozenset(a + (a >= axis) for a in axes)], None
+
+
+def _matmul(op, ins):
+    a, b = ins[0], ins[1]
+    ta, tb = op.get_attr("transpose_a"), op.get_attr("transpose_b")
+    out, crossed = set(), False
+    if a:
+        rows, inner = (1, 0) if ta else (0, 1)
+        out |= {0} if rows in a else set()
+        crossed |= inner in a
+    if b:
+        cols, inner = (0, 1) if tb else (1, 0)
+        out |= {1} if cols in b else set()
+        crossed |= inner in b
+    return [frozenset(out) or None], CrossOp(op, "contract") if crossed else None
+
+
+def _batch_matmul(op, ins):
+    out_rank = _rank(op.outputs[0])
+    if out_rank is None or any(_rank(t) is None for t in op.inputs[:2]):
+        raise _End("a batch matmul of unknown rank")
+    adj_a = op.get_attr("adj_x")
+    adj_b = op.get_attr("adj_y")
+    out, crossed = set(), False
+    for t, axes, is_a in ((op.inputs[0], ins[0], True), (op.inputs[1], ins[1], False)):
+        if not axes:
+            continue
+        r = _rank(t)
+        if is_a:
+            rows, inner = (r - 1, r - 2) if adj_a else (r - 2, r - 1)
+            keep_to = out_rank - 2
+        else:
+            inner, rows = (r - 1, r - 2) if adj_b else (r - 2, r - 1)
+            keep_to = out_rank - 1
+        for ax in axes:
+            if ax == inner:
+                crossed = True
+            elif ax == rows:
+                out.add(keep_to)
+            else:
+                out.add(ax + out_rank - r)
+    return [frozenset(out) or None], CrossOp(op, "contract") if crossed else None
+
+
+def _einsum(op, ins):
+    equation = op.get_attr("equation").decode().replace(" ", "")
+    if "..." in equation or "->" not in equation:
+        raise _End("an einsum with an ellipsis or no output")
+    lhs, rhs = equation.split("->")
+    terms = lhs.split(",")
+    out, crossed = set(), False
+    for term, axes in zip(terms, ins):
+        for ax in axes or ():
+            label = term[ax]
+            if label in rhs:
+                out.add(rhs.index(label))
+            else:
+                crossed = True
+    return [frozenset(out) or None], CrossOp(op, "contract") if crossed else None
+
+
+def _switch(op, ins):
+    axes = _only(ins, 0, op)
+    return [axes, axes], None
+
+
+def _merge(op, ins):
+    values = {a for a in ins if a}
+    if len(values) > 1:
+        raise _End("a merge of branches carrying the batch on different axes")
+    return [values.pop() if values else None, None], None
+
+
+def _identity_n(op, ins):
+    return list(ins), None
+
+
+def _xent(op, ins):
+    axes = _only(ins, 0, op) or ins[1]
+    if axes and axes != frozenset({0}):
+        raise _End("cross entropy with the batch off the rows")
+    return [axes, axes], None
+
+
+def _l2_loss(op, ins):
+    axes = _only(ins, 0, op)
+    return [None], CrossOp(op, "reduce") if axes else None
+
+
+RULES = {
+    "Transpose": _transpose, "Reshape": _reshape, "ExpandDims": _expand_dims, "Squeeze": _squeeze,
+    "ConcatV2": _concat, "Concat": lambda op, ins: _concat(op, ins[1:] + ins[:1]), "Pack": _pack,
+    "Unpack": _unpack, "Split": _split, "SplitV": _split, "StridedSlice": _strided_slice,
+    "GatherV2": _gather, "Gather": _gather, "ResourceGather": _gather, "OneHot": _one_hot,
+    "MatMul": _matmul, "BatchMatMul": _batch_matmul, "BatchMatMulV2": _batch_matmul,
+    "BatchMatMulV3": _batch_matmul, "Einsum": _einsum, "Switch": _switch, "RefSwitch": _switch,
+    "Merge": _merge, "RefMerge": _merge, "IdentityN": _identity_n,
+    "SoftmaxCrossEntropyWithLogits": _xent, "SparseSoftmaxCrossEntropyWithLogits": _xent,
+    "L2Loss": _l2_loss,
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Verdicts
+
+STATISTIC, TERMINAL, GHOST, ORDER = "statistic", "terminal", "ghost", "order"
+
+
+SYNCHRONIZED = "synchronized"
+_MERGES = ("Collective", "Nccl")
+
+
+def verdict(analysis: Analysis, crossed: CrossOp, tower_of=None, skip=frozenset(), budget: int = 4000) -> tuple:
+    """(verdict, why) for one cross-example op. `tower_of(op)`: the tower an op belongs to (None
+    outside them), so that a value combined with other towers' (a merge reading several towers, a
+    collective) counts as synchronized; `skip`: ops the walk does not enter."""
+    op = crossed.op
+    how = {"reduce": "reduces over the batch", "contract": "contracts over the batch",
+           "kernel": "normalizes with its batch statistics (training mode)",
+           "order": "orders or selects among the examples"}[crossed.how]
+    if crossed.how == "kernel":
+        if any(not is_gradient_op(c) for c in op.outputs[0].consumers()):
+            return STATISTIC, how
+        return TERMINAL, how + ", but nothing reads its output"
+    reader, merged = _flows_back(analysis, op, tower_of, skip, budget)
+    if reader is None:
+        if merged is not None:
+            return SYNCHRONIZED, f"{how}; {merged.name} combines it with the other towers'"
+        return TERMINAL, f"{how}; its value reaches no tensor that carries the batch into the model " \
+                         "(a loss, a metric, a summary, a variable update)"
+    if crossed.partial:
+        return GHOST, f"{how} only in part (a reshape split the batch: virtual batches); {reader.name} reads it"
+    if crossed.how == "order":
+        return ORDER, f"{how}, and {reader.name} reads it back into the examples"
+    return STATISTIC, f"{how}, and {reader.name} reads it back into the examples"
+
+
+def _flows_back(analysis: Analysis, op: tf.Operation, tower_of, skip, budget):
+    """(the first forward op downstream of `op` whose output carries the batch and that reads one
+    of the model's variables: the statistic went back into the model, or None; the first merge
+    across towers met, or None). Merges, and products with a constant zero, are not entered."""
+    seen, stack, merged = {op}, [op], None
+    while stack and budget > 0:
+        current = stack.pop()
+        for t in current.outputs:
+            for reader in t.consumers():
+                if reader in seen or reader in skip or is_gradient_op(reader):
+                    continue
+                seen.add(reader)
+                budget -= 1
+                if _is_merge(reader, tower_of):
+                    merged = merged or reader
+                    continue
+                if reader.type in ("Mul", "MulNoNan") and _times_zero(reader):
+                    continue
+                if any(analysis.carries(o) for o in reader.outputs) and _reads_variable(reader):
+                    return reader, merged
+                stack.append(reader)
+    return None, merged
+
+
+def _is_merge(op, tower_of) -> bool:
+    if op.type.startswith(_MERGES):
+        return True
+    if tower_of is None or len(op.inputs) < 2:
+        return False
+    return len({tower_of(t.op) for t in op.inputs} - {None}) >= 2
+
+
+def _times_zero(op) -> bool:
+    for t in op.inputs:
+        value = tf.get_static_value(t) if t.op.type == "Const" else None
+        if value is not None and np.size(value) and not np.any(value):
+            return True
+    return False
+
+
+def _reads_variable(op: tf.Operation, depth: int = 3) -> bool:
+    frontier = [t.op for t in op.inputs]
+    for _ in range(depth):
+        if any(o.type in _VARIABLES for o in frontier):
+            return True
+        frontier = [t.op for o in frontier if o.type in ("Identity", "Cast", "Enter", "Switch", "ReadVariableOp",
+                                                          "Reshape", "ExpandDims")
+                    for t in o.inputs]
+    return any(o.type in _VARIABLES for o in frontier)

@@ -1,0 +1,124 @@
+"""The rule, applied to a plan: every cross-example op inside the towers (graphsync/match/batch_axis.py)
+gets a verdict, and a batch statistic the plan does not synchronize is refused, in one line, before
+the first edit; after the rewrite the same analysis runs again on the result (`check_rewritten`).
+
+    synchronized  a batch-norm form of graphsync/match/ synchronizes it (or its value is merged across towers)
+    terminal      it only reaches losses, metrics, summaries, variable updates: per tower, as one expects
+    ghost         a reduction over part of the batch (virtual batches): per tower by design
+    per tower     a form graphsync keeps per tower and says so (weights per channel)
+    refused       a batch statistic no form synchronizes, or a sort/top-k/arg-max over the batch read back
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import tensorflow as tf
+
+from graphsync.errors import GraphsyncError
+from graphsync.match import batch_axis
+from graphsync.match.candidate import MomentsParts, PerTower
+from graphsync.match.fused import made_by_graphsync
+from graphsync.match.reductions import statistics_ops
+from graphsync.towers.scopes import ROOT, find_towers, tower_of
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    op: str
+    type: str
+    tower: str | None
+    verdict: str
+    why: str
+
+
+def covered_ops(graph: tf.Graph, layers, candidates=()) -> dict:
+    """{op: 'synchronized' | PerTower reason} for every op a planned layer's statistics are made of,
+    and those of the candidates kept per tower on purpose."""
+    covered = {}
+    for layer in layers:
+        for site in layer.sites:
+            for op in _statistics(site.op, site.parts):
+                covered[op] = batch_axis.SYNCHRONIZED
+    for cand in candidates:
+        if isinstance(cand.skip_reason, PerTower):
+            for op in _statistics(cand.op, cand.parts):
+                covered.setdefault(op, cand.skip_reason)
+    return covered
+
+
+def _statistics(op, parts):
+    found = {op}
+    if isinstance(parts, MomentsParts):
+        found.add(parts.variance)
+        found.update(parts.statistics or ())
+        found.update(statistics_ops(parts.x, [op.outputs[0], parts.variance.outputs[0]], limit=256))
+    return found
+
+
+def verdicts(graph: tf.Graph, towers, explicit: bool, covered: dict, analysis=None, skip=frozenset()) -> tuple:
+    """Every cross-example op of `graph`'s forward, in forward order, with its verdict. `towers`:
+    the plan's; when fewer than two, the towers holding batch statistics (known names, `towers=`)."""
+    analysis = analysis or batch_axis.analyze(graph)
+    in_towers = _towers(analysis, towers, explicit)
+
+    def tower(op):
+        found = tower_of(op.name, in_towers) if in_towers else None
+        return found if found is not None and (explicit or found.prefix != ROOT) else None
+
+    rows = []
+    for op, crossed in analysis.cross.items():
+        if op in skip:
+            continue
+        where = tower(op)
+        if made_by_graphsync(op):   # graphsync's own statistics kernel, from an earlier rewrite
+            rows.append(Verdict(op.name, op.type, where and where.label, "synchronized",
+                                "graphsync's statistics kernel (already synchronized)"))
+            continue
+        if op in covered:
+            kind = covered[op]
+            rows.append(Verdict(op.name, op.type, where and where.label,
+                                "synchronized" if kind == batch_axis.SYNCHRONIZED else "per tower",
+                                "a batch norm graphsync synchronizes" if kind == batch_axis.SYNCHRONIZED
+                                else "a form kept per tower on purpose (its reason: left alone)"))
+            continue
+        verdict, why = batch_axis.verdict(analysis, crossed, tower, skip)
+        if verdict in (batch_axis.STATISTIC, batch_axis.ORDER):
+            verdict = "refused" if where is not None and len(in_towers) > 1 else "per tower"
+            if where is None:
+                why += " (outside the towers)"
+        rows.append(Verdict(op.name, op.type, where and where.label, verdict, why))
+    order = {op.name: i for i, op in enumerate(graph.get_operations())}
+    return tuple(sorted(rows, key=lambda r: order.get(r.op, 0))), analysis
+
+
+def _towers(analysis, towers, explicit):
+    scoped = [t for t in towers if explicit or t.prefix != ROOT]
+    if len(scoped) > 1:
+        return list(towers)
+    names = [op.name for op in analysis.cross]
+    found = find_towers(names, None) if names and not explicit else list(towers)
+    return found if len([t for t in found if explicit or t.prefix != ROOT]) > 1 else []
+
+
+def refuse(rows) -> None:
+    """One line naming the first batch statistic the rewrite would leave per tower."""
+    refused = [r for r in rows if r.verdict == "refused"]
+    if refused:
+        first = refused[0]
+        more = f" (and {len(refused) - 1} more: graphsync inspect)" if len(refused) > 1 else ""
+        raise GraphsyncError(
+            f"{first.op} ({first.type}) computes a batch statistic graphsync cannot synchronize, which would "
+            f"train per tower: it {first.why}{more}; write it with tf.nn.moments or a fused batch norm, "
+            "or compute it outside the towers")
+
+
+def check_rewritten(graph: tf.Graph, plan, covered: dict, made_after: int) -> None:
+    """After the splice: the analysis again, on the result; a batch statistic still computed per
+    tower (not replaced by the rewrite, not made by it) is an error naming the op."""
+    from graphsync.graph import tf_private
+    made = frozenset(op for op in graph.get_operations() if tf_private.creation_order(op) > made_after)
+    rows, _ = verdicts(graph, plan.towers, False, covered, skip=made)
+    refused = [r for r in rows if r.verdict == "refused"]
+    if refused:
+        raise GraphsyncError(f"internal: {refused[0].op} ({refused[0].type}) still computes a batch statistic per "
+                             f"tower after the rewrite ({refused[0].why}): please report it")

@@ -11,7 +11,7 @@ It is batch norm when the axes cover the batch axis 0 and the statistics normali
 (`reductions.normalizes`); other statistics over the batch are listed with the reason.
 
 The Candidate is a "moments" one (the splice reads parts x, variance, axes, keep_dims; the plan
-finds the gradient ops of the ops in parts["statistics"]);
+finds the gradient ops of the ops in MomentsParts.statistics);
 `variance_reads_mean` says the variance's gradient flows into m, so after the gradients are built
 the variance's cross-tower sum must be known before the mean's (graphsync/splice/layer.py).
 """

@@ -76,10 +76,9 @@ def statistic_tensors(graph: tf.Graph, towers: list[Tower]) -> set:
                 found.update(t.ref() for t in op.outputs)
     for cand in match.candidates(graph):
         if cand.kind == "moments":
-            found.update(t.ref() for op in (cand.op, cand.parts.get("variance")) if op is not None
-                         for t in op.outputs)
+            found.update(t.ref() for op in (cand.op, cand.parts.variance) for t in op.outputs)
         elif cand.kind == "conditional" and cand.parts:
-            outputs = cand.parts["outputs"]
+            outputs = cand.parts.outputs
             found.update(cand.op.outputs[outputs[i]].ref() for i in _STATISTIC_OUTPUTS if i in outputs)
     return found
 

@@ -3,8 +3,8 @@ same thing across towers). One module per way of finding it:
 
 | what                                                        | module       |
 |-------------------------------------------------------------|--------------|
-| towers (as the rewrite finds them, or --towers); which tower an op belongs to (MirroredStrategy's unscoped replica 0 included) | towers.py |
-| sources of examples: placeholders, tf.data iterators, queues, staging areas, random tensors | sources.py |
+| towers (as the rewrite finds them, or --towers); which tower an op belongs to (MirroredStrategy's unscoped replica 0 included) | tower_scopes.py |
+| sources of examples: placeholders, tf.data iterators, queues, staging areas, random tensors | example_sources.py |
 | per-tower placeholders or pipelines; one whole batch split, sliced, strided or unstacked into the towers; MirroredStrategy's per-replica iterators; a batch read as a whole; each tower's inputs by its own data path, wherever their ops' names sit (tensorpack makes every tower's in the first tower's scope) | entries.py |
 | inputs made inside each tower (random or decoded tensors + casts): the tensor the first layer reads; dropout and noise are no input | synthetic.py |
 | the same input in every tower, paired by dtype, shape, the layers reading it and their place in the data path | pairing.py |

@@ -8,9 +8,9 @@ import tensorflow as tf
 from graphsync.graph import shapes
 from graphsync.errors import GraphsyncError
 from graphsync.towers.scopes import Tower
-from graphsync.verification.discovery import (batch_norm, copies as tower_copies, entries, inputs, loss as losses,
-                                              names, pairing, sources, state, statistics, synthetic,
-                                              towers as tower_scopes)
+from graphsync.verification.discovery import (batch_norm, copies as tower_copies, entries, example_sources as sources,
+                                              inputs, loss as losses, names, pairing, state, statistics, synthetic,
+                                              tower_scopes)
 from graphsync.verification.discovery.inputs import Input, given as given_input
 from graphsync.verification.discovery.state import Variable
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from graphsync.graph import shapes
-from graphsync.verification.discovery import sources
+from graphsync.verification.discovery import example_sources as sources
 from graphsync.verification.discovery.state import VARIABLE_TYPES
 
 _INTEGER_STEPS = ("Identity", "Snapshot", "Reshape", "Squeeze", "ExpandDims")

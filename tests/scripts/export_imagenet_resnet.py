@@ -31,10 +31,10 @@ tf1 = tf.compat.v1
 tf1.disable_eager_execution()
 
 from tensorpack import (  # noqa: E402
-    BatchNorm, BNReLU, Conv2D, FullyConnected, GlobalAvgPooling, LinearWrap, MaxPooling, ModelDesc,
-    SyncMultiGPUTrainerParameterServer, SyncMultiGPUTrainerReplicated, TensorInput, argscope)
+    BatchNorm, BNReLU, Conv2D, FullyConnected, GlobalAvgPooling, LinearWrap, MaxPooling, ModelDesc, argscope)
 from tensorpack.models import regularize_cost  # noqa: E402
 from tensorpack.tfutils.summary import add_moving_summary  # noqa: E402
+from tensorpack_export import TRAINERS, export  # noqa: E402
 
 CLASSES = 1000
 WEIGHT_DECAY = 1e-4
@@ -119,10 +119,6 @@ class Model(ModelDesc):
         return tf1.train.MomentumOptimizer(lr, 0.9, use_nesterov=True)
 
 
-TRAINERS = {"replicated": lambda towers: SyncMultiGPUTrainerReplicated(towers),
-            "ps": lambda towers: SyncMultiGPUTrainerParameterServer(towers, ps_device="cpu")}
-
-
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
@@ -131,22 +127,12 @@ def main():
     parser.add_argument("--size", type=int, default=64)
     parser.add_argument("--batch", type=int, default=2)
     args = parser.parse_args()
-    os.makedirs(args.out, exist_ok=True)
 
     def random_inputs():
         image = tf.cast(tf1.random_uniform([args.batch, args.size, args.size, 3], 0, 256), tf.uint8)
         return [image, tf1.random_uniform([args.batch], 0, CLASSES, tf.int32)]
 
-    for trainer_name in args.trainer or ["replicated"]:
-        with tf.Graph().as_default():
-            model = Model(args.size)
-            trainer = TRAINERS[trainer_name](args.towers)
-            trainer.setup_graph(model.get_input_signature(), TensorInput(random_inputs), model.build_graph,
-                                model.get_optimizer)
-            path = os.path.join(args.out, f"{trainer_name}.meta")
-            tf1.train.export_meta_graph(path, clear_devices=False)
-        print(f"wrote {path}")
-
+    export(args.out, args.trainer, args.towers, lambda: Model(args.size), random_inputs)
 
 if __name__ == "__main__":
     main()

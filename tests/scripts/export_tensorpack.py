@@ -22,9 +22,8 @@ import tensorflow as tf  # noqa: E402
 tf1 = tf.compat.v1
 tf1.disable_eager_execution()
 
-from tensorpack import (  # noqa: E402
-    BatchNorm, Conv2D, FullyConnected, GlobalAvgPooling, ModelDesc, SyncMultiGPUTrainerParameterServer,
-    SyncMultiGPUTrainerReplicated, TensorInput)
+from tensorpack import BatchNorm, Conv2D, FullyConnected, GlobalAvgPooling, ModelDesc  # noqa: E402
+from tensorpack_export import TRAINERS, export  # noqa: E402
 
 PER_TOWER = 4
 SIZE = 8
@@ -66,10 +65,6 @@ def random_inputs():
             tf1.random_uniform([PER_TOWER], 0, CLASSES, tf.int32, seed=2)]
 
 
-TRAINERS = {"replicated": lambda towers: SyncMultiGPUTrainerReplicated(towers),
-            "ps": lambda towers: SyncMultiGPUTrainerParameterServer(towers, ps_device="cpu")}
-
-
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
@@ -77,17 +72,7 @@ def main():
     parser.add_argument("--towers", type=int, default=2)
     parser.add_argument("--blocks", type=int, default=5)
     args = parser.parse_args()
-    os.makedirs(args.out, exist_ok=True)
-    for trainer_name in args.trainer or ["replicated"]:
-        with tf.Graph().as_default():
-            model = Model(args.blocks)
-            trainer = TRAINERS[trainer_name](args.towers)
-            trainer.setup_graph(model.get_input_signature(), TensorInput(random_inputs), model.build_graph,
-                                model.get_optimizer)
-            path = os.path.join(args.out, f"{trainer_name}.meta")
-            tf1.train.export_meta_graph(path, clear_devices=False)
-        print(f"wrote {path}")
-
+    export(args.out, args.trainer, args.towers, lambda: Model(args.blocks), random_inputs)
 
 if __name__ == "__main__":
     main()

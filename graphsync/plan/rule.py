@@ -15,6 +15,7 @@ import dataclasses
 import tensorflow as tf
 
 from graphsync.errors import GraphsyncError
+from graphsync.graph import tf_private
 from graphsync.match import batch_axis
 from graphsync.match.candidate import MomentsParts, PerTower
 from graphsync.match.fused import made_by_graphsync
@@ -87,8 +88,8 @@ def verdicts(graph: tf.Graph, towers, explicit: bool, covered: dict, analysis=No
             if where is None:
                 why += " (outside the towers)"
         rows.append(Verdict(op.name, op.type, where and where.label, verdict, why))
-    order = {op.name: i for i, op in enumerate(graph.get_operations())}
-    return tuple(sorted(rows, key=lambda r: order.get(r.op, 0))), analysis
+    created = {op.name: tf_private.creation_order(op) for op in analysis.cross}   # the graph's op order
+    return tuple(sorted(rows, key=lambda r: created.get(r.op, 0))), analysis
 
 
 def _towers(analysis, towers, explicit):
@@ -115,7 +116,6 @@ def refuse(rows) -> None:
 def check_rewritten(graph: tf.Graph, plan, covered: dict, made_after: int) -> None:
     """After the splice: the analysis again, on the result; a batch statistic still computed per
     tower (not replaced by the rewrite, not made by it) is an error naming the op."""
-    from graphsync.graph import tf_private
     made = frozenset(op for op in graph.get_operations() if tf_private.creation_order(op) > made_after)
     rows, _ = verdicts(graph, plan.towers, False, covered, skip=made)
     refused = [r for r in rows if r.verdict == "refused"]

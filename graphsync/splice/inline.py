@@ -40,7 +40,7 @@ from graphsync import match
 from graphsync.graph import tf_private
 from graphsync.errors import GraphsyncError
 from graphsync.graph.reroute import reroute_control_outputs, reroute_outputs
-from graphsync.match.hidden import CALL_TYPES, INLINE_REMEDY as REMEDY, INLINED_ATTR, is_inlined  # noqa: F401
+from graphsync.match.hidden import CALL_TYPES, INLINE_REMEDY as REMEDY, INLINED_ATTR, is_inlined
 
 
 INLINED_SUFFIX = "_inlined"   # never the call's own name: TensorFlow inlines a call it runs as `<call>/<node>`

@@ -35,6 +35,7 @@ class RewriteReport:
     inlined: list = dataclasses.field(default_factory=list)   # tf.function calls inlined first (graphsync/splice/inline.py)
     recompute: bool = False   # rewrite_towers(recompute=True)
     recomputed: int = 0       # tensors (all towers) the backward reads recomputed (graphsync/splice/recompute.py)
+    recompute_deferred: int = 0   # layers rewritten before their gradients: recomputed when those are built
 
     @property
     def where(self) -> str:
@@ -70,7 +71,8 @@ class RewriteReport:
                 "layers": [dataclasses.asdict(l) for l in self.layers],
                 "skipped": [dataclasses.asdict(s) for s in self.skipped],
                 "edges_moved": self.edges_moved, "grad_ops_replaced": self.grad_ops_replaced,
-                "recompute": self.recompute, "recomputed": self.recomputed}
+                "recompute": self.recompute, "recomputed": self.recomputed,
+                "recompute_deferred": self.recompute_deferred}
 
     def __str__(self) -> str:
         lines = [self.summary]
@@ -81,7 +83,9 @@ class RewriteReport:
             for l in self.layers:
                 lines.append(f"  {l.name:<{width}}  {l.kind:<{kinds}}  {l.backward:<9}  {len(l.tower_ops)}")
         if self.recompute:
-            lines.append(f"  recomputed in the backward: {self.recomputed} tensors")
+            later = f"; {self.recompute_deferred} layers when their gradients are built" \
+                if self.recompute_deferred else ""
+            lines.append(f"  recomputed in the backward: {self.recomputed} tensors{later}")
         if self.inlined:
             shown = ", ".join(self.inlined[:3]) + (", …" if len(self.inlined) > 3 else "")
             calls = f"{len(self.inlined)} tf.function call{'s' * (len(self.inlined) != 1)}"

@@ -51,7 +51,7 @@ def rewrite_towers(graph: tf.Graph | None = None, *, towers=None, device: str | 
     recompute: the backward reads each layer's normalized output, and the activation, scale and
              bias after it, recomputed from the synchronized statistics once it reaches the layer,
              so the forward's tensors die after the forward (less memory, the same step bit for
-             bit; graphsync/splice/recompute.py). Needs the gradients built before the rewrite.
+             bit; graphsync/splice/recompute.py), with gradients built before the rewrite or after.
 
     Batch norm inside tf.function calls in the towers is inlined first (graphsync/splice/inline.py; the
     report lists the calls), gradient calls included, after a rehearsal on a copy of the graph.
@@ -106,7 +106,7 @@ def _rewrite(graph, towers, device, strategy, group_size, process_group, recompu
         rule.check_rewritten(graph, plan, plan.covered, made_after)
     _say_kept_per_tower(plan.kept_per_tower)
     if plan.recompute:
-        _say_not_recomputed(plan.layers)
+        report.recompute_deferred = sum(not layer.has_gradients for layer in plan.layers)
     if report.changed:
         _rewritten_graphs.add(graph)
         _say_races(ref_races.find_races(graph))
@@ -144,24 +144,6 @@ def _say_kept_per_tower(kept: list) -> None:
         warnings.warn(f"{len(kept)} batch statistic{'s' if len(kept) > 1 else ''} in the towers "
                       f"stay{'' if len(kept) > 1 else 's'} per tower, unsynchronized: {op}: {why}{others}",
                       GraphsyncWarning, stacklevel=4)
-
-
-def _say_not_recomputed(layers: list) -> None:
-    """A GraphsyncWarning per reason recompute=True left layers' backward reading the forward's
-    tensors (synchronized all the same): gradients not built yet (TensorFlow's own gradient
-    functions, built later, read the forward), or a tensor training flag (the recomputation would
-    have to sit inside the flag's control flow, which it does not do yet)."""
-    reasons = (
-        ([layer for layer in layers if not layer.has_gradients],
-         "recompute=True found no gradients to recompute for in {n} (first: {first}): build the gradients before "
-         "rewrite_towers; these layers keep the forward's tensors for their backward"),
-        ([layer for layer in layers if layer.has_gradients and layer.shown_kind == "conditional"],
-         "recompute=True leaves {n} behind a tensor training flag as they are (first: {first}): their backward "
-         "keeps the forward's tensors; pass training=True as a Python bool to recompute them"))
-    for left, line in reasons:
-        if left:
-            n = f"{len(left)} layer{'s' * (len(left) > 1)}"
-            warnings.warn(line.format(n=n, first=left[0].name), GraphsyncWarning, stacklevel=4)
 
 
 def _say_races(races: list) -> None:

@@ -306,18 +306,46 @@ def test_between_graph_workers_behind_a_flag(tmp_path):
 
 
 @pytest.mark.parametrize("version", ["v2", "v1"])
-def test_recompute_behind_a_flag_is_said_and_changes_nothing(version):
-    """recompute=True cannot yet recompute inside a flag's control flow: one warning names the
-    layers, and the step is the synchronized one without recompute."""
+@pytest.mark.parametrize("gradients", ["after", "before"])
+def test_recompute_behind_a_flag_is_bit_for_bit_and_one_device(version, gradients):
+    """recompute=True behind a tensor flag: no gradient op reads the activations after the flag's
+    Merge any more; with the flag True several steps give every variable exactly as without
+    recompute, and one step equals one device; with the flag False the step is the original's."""
+    from graphsync.splice import recompute as recomputation
     batch_sizes = (3, 5)
     x, t = _data(batch_sizes)
     reports = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        built = _build(MODELS["layers"](), list(batch_sizes), version,
-                       rewrite=lambda g: reports.append(graphsync.rewrite_towers(g, recompute=True)))
-    said = [str(w.message) for w in caught if issubclass(w.category, graphsync.GraphsyncWarning)]
-    assert any("recompute=True leaves 2 layers behind a tensor training flag as they are" in m for m in said), said
-    assert reports[0].recomputed == 0
-    errors = _errors(_step(built, x, t, batch_sizes, True), _reference("layers", version, batch_sizes))
+        recomputed = _build(MODELS["layers"](), list(batch_sizes), version, gradients=gradients,
+                            rewrite=lambda g: reports.append(graphsync.rewrite_towers(g, recompute=True)))
+    assert not [w for w in caught if "recompute" in str(w.message)], [str(w.message) for w in caught]
+    plain = _build(MODELS["layers"](), list(batch_sizes), version, gradients=gradients,
+                   rewrite=graphsync.rewrite_towers)
+    if gradients == "after":
+        assert reports[0].recomputed >= 2 * len(batch_sizes), reports[0]
+    else:
+        assert reports[0].recompute_deferred == 2, reports[0]
+
+    def gradient_readers_of_activations(graph):
+        relus = [op for op in graph.get_operations() if op.type == "Relu" and op.name.startswith("tower_")
+                 and not recomputation.is_gradient_op(op) and recomputation.RECOMPUTED_ATTR not in op.node_def.attr]
+        return [c for op in relus for c in op.outputs[0].consumers()
+                if recomputation.is_gradient_op(c) and c.type not in ("Shape", "ShapeN", "Size", "Rank")]
+    assert gradient_readers_of_activations(plain.graph)
+    assert not gradient_readers_of_activations(recomputed.graph)
+
+    def variables_after(built, flag, steps=3):
+        with tf1.Session(graph=built.graph, config=tl.CONFIG) as sess:
+            sess.run(tf1.global_variables_initializer())
+            for _ in range(steps):
+                sess.run(built.train_op, _feed(built, x, t, batch_sizes, flag))
+            return sess.run(built.variables + built.moving)
+    for flag in (True, False):
+        for a, b in zip(variables_after(plain, flag), variables_after(recomputed, flag), strict=True):
+            np.testing.assert_array_equal(a, b)
+    errors = _errors(_step(recomputed, x, t, batch_sizes, True), _reference("layers", version, batch_sizes))
     assert max(errors.values()) < TOLERANCE, errors
+    original = _build(MODELS["layers"](), list(batch_sizes), version, gradients=gradients)
+    evaluation = _errors(_step(recomputed, x, t, batch_sizes, False), _step(original, x, t, batch_sizes, False))
+    assert max(evaluation.values()) == 0.0, evaluation

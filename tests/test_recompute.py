@@ -105,22 +105,35 @@ def test_copies_survive_grappler_and_run():
     assert copies and copies <= ran, sorted(copies - ran)
 
 
-def test_gradients_built_after_the_rewrite_keep_the_forward_tensors_and_warn():
-    """recompute=True before the gradients exist has nothing to move: the rewrite says so, and the
-    step is the synchronized one."""
+@pytest.mark.parametrize("model_key,strategy", [("raw-fused", "gather"), ("moments", "allreduce"),
+                                                ("keras", "gather")])
+def test_gradients_built_after_the_rewrite_read_copies_too(model_key, strategy):
+    """recompute=True before the gradients exist: the gradient functions graphsync registered move
+    the backward's readers onto copies when tf.gradients builds them; the step is bit for bit the
+    one without recompute, and one device's."""
     batch_sizes = [3, 5]
-    model = MODELS["raw-fused"]
+    model = MODELS[model_key]
     reports = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        built = tl.build(model, batch_sizes, gradients="before",
-                         rewrite=lambda g: reports.append(graphsync.rewrite_towers(g, recompute=True)))
-    assert reports[0].recomputed == 0
-    assert any("recompute=True found no gradients to recompute for in 3 layers" in str(w.message) for w in caught)
+        built = tl.build(model, batch_sizes, gradients="before", rewrite=lambda g: reports.append(
+            graphsync.rewrite_towers(g, strategy=strategy, recompute=True)))
+    assert not [w for w in caught if "recompute" in str(w.message)], [str(w.message) for w in caught]
+    assert reports[0].recomputed == 0 and reports[0].recompute_deferred == len(reports[0].layers)
+    assert f"{len(reports[0].layers)} layers when their gradients are built" in str(reports[0])
+    plain = tl.build(model, batch_sizes, gradients="before",
+                     rewrite=lambda g: graphsync.rewrite_towers(g, strategy=strategy))
+    assert _gradient_readers(_forward_activations(plain.graph))
+    assert not _gradient_readers(_forward_activations(built.graph))
     x, t = tl.data(batch_sizes, INPUT_SHAPE, (5,))
-    plain = tl.build(model, batch_sizes, gradients="before", rewrite=graphsync.rewrite_towers)
-    for a, b in zip(_steps(plain, x, t, batch_sizes, 2), _steps(built, x, t, batch_sizes, 2)):
+    for a, b in zip(_steps(plain, x, t, batch_sizes, 2), _steps(built, x, t, batch_sizes, 2), strict=True):
         np.testing.assert_array_equal(a, b)
+    ref = tl.reference_step(model, batch_sizes, x, t)
+    noise = max(tl.max_rel_error(v, ref[k]) for k, v in tl.reordered_reference_step(model, batch_sizes, x, t).items())
+    one = tl.run_step(built, x, t, batch_sizes)
+    tolerance = tl.tolerance(tf.float32, noise, sum(batch_sizes) * INPUT_SHAPE[0] * INPUT_SHAPE[1])
+    errors = {k: tl.max_rel_error(one[k], ref[k]) for k in ref}
+    assert max(errors.values()) <= tolerance, errors
 
 
 def test_sync_batch_norm_hook_passes_recompute_on():

@@ -34,7 +34,7 @@ _gathered_gradients = weakref.WeakKeyDictionary()     # graph → {(merged μ, k
 
 
 def view(graph, site, s: Synchronized, upload, spread: str, factor=None, **keys) -> Synchronized:
-    """Tower `site`'s statistics through an IdentityN whose gradient is `_view_gradient`; `keys`
+    """Tower `site`'s statistics through an IdentityN whose gradient is `view_gradient`; `keys`
     (ints) say how its gradient finds the other towers: members and member (gather), or members,
     group_key, instance_key and timeout_ms (all-reduce). With `factor` (N/(N−1), a scalar) the tower's
     Bessel-corrected variance is σ²·factor, computed on the tower only when something reads it,
@@ -57,7 +57,7 @@ def view(graph, site, s: Synchronized, upload, spread: str, factor=None, **keys)
 
 
 @tf.RegisterGradient(VIEW_GRADIENT)
-def _view_gradient(op, d_mean, d_variance, *_unused):
+def view_gradient(op, d_mean, d_variance, *_unused):
     """With D_μ, D_σ² the towers' summed gradients at μ and σ²:
     ∂/∂m_t = n_t/N·(D_μ + 2·(m_t − μ)·D_σ²),  ∂/∂M2_t = D_σ²/N  (Chan's merge differentiated;
     Σ n_s·(m_s − μ) = 0 drops the path through μ), M2_t = v_t·(n_t − 1) for a Bessel spread."""

@@ -10,17 +10,20 @@ from __future__ import annotations
 import dataclasses
 
 import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2
 
 from graphsync import match, stats
 from graphsync.exchange import Synchronized, differentiation, summed_gradient
+from graphsync.exchange.views import VIEW_GRADIENT, view_gradient
 from graphsync.graph.reroute import reroute_consumers, reroute_control_outputs
-from graphsync.graph.tf_private import FastOps, pristine_scope
+from graphsync.graph.tf_private import FastOps, pristine_scope, set_attr
 from graphsync.plan.data import LayerPlan, Site
 from graphsync.splice import fused_kernels as fused
 from graphsync.splice import recompute as recomputation
 from graphsync.splice import stand_in
 
 SYNCHRONIZED_NORMALIZE_GRADIENT = "GraphsyncSynchronizedNormalize"   # also in match.GRAPHSYNC_GRADIENTS
+RECOMPUTING_VIEW_GRADIENT = "GraphsyncStatisticsViewRecomputing"
 
 
 @dataclasses.dataclass
@@ -40,7 +43,6 @@ def splice_layer(graph: tf.Graph, layer: LayerPlan, exchange, recompute: bool = 
     With `recompute`, the backward that exists reads the normalized output and the elementwise ops
     after it recomputed (graphsync/splice/recompute.py)."""
     count = Spliced()
-    recompute = recompute and layer.kind != "conditional" and layer.shown_kind != "conditional"
     if layer.kind == "conditional":
         layer, count.edges = stand_in.stand_in(graph, layer)
     count.layer = layer
@@ -73,7 +75,33 @@ def splice_layer(graph: tf.Graph, layer: LayerPlan, exchange, recompute: bool = 
     if recompute and layer.has_gradients:
         for tower_roots in roots:
             count.recomputed += recomputation.recompute(graph, tower_roots).tensors
+    elif recompute:
+        for tower_roots, s in zip(roots, statistics):
+            _recompute_when_differentiated(tower_roots, s)
     return count
+
+
+def _recompute_when_differentiated(roots: list, s: Synchronized) -> None:
+    """A layer rewritten before its gradients recomputes in the gradient function of the op its
+    backward reaches last (graphsync/splice/recompute.py): a fused layer's normalization (the
+    root itself), a moments layer's statistics view, which gets a gradient that recomputes first."""
+    if not roots:
+        return
+    if roots[0].type in match.FUSED_TYPES:
+        recomputation.defer(roots[0], roots)
+        return
+    view = s.mean.op
+    if view.type == "IdentityN" and view.get_attr("_gradient_op_type") == VIEW_GRADIENT.encode():
+        recomputation.defer(view, roots)
+        set_attr(view, "_gradient_op_type", attr_value_pb2.AttrValue(s=RECOMPUTING_VIEW_GRADIENT.encode()))
+
+
+@tf.RegisterGradient(RECOMPUTING_VIEW_GRADIENT)
+def _recomputing_view_gradient(op, *grads):
+    """The statistics view's gradient, once the gradient ops reading the layer's forward outputs
+    read recomputed copies."""
+    recomputation.when_differentiated(op)
+    return view_gradient(op, *grads)
 
 
 def _data_format(op: tf.Operation) -> str:
@@ -142,6 +170,7 @@ def _synchronized_normalize_gradient(op, dy, *_unused):
     backward, as `_fused_backward` does for gradients built first — (a_t, b_t) summed over the
     towers at run time through the statistics' view (graphsync.exchange), then
     dx = γ·r·g − γ·r·(x̂·B + A)/N. Nothing flows into μ and σ²: dx already holds their part."""
+    recomputation.when_differentiated(op)
     x, scale, _, mean, variance = op.inputs
     view, graph = mean.op, op.graph
     epsilon, data_format = op.get_attr("epsilon"), _data_format(op)

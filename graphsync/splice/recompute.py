@@ -15,7 +15,11 @@ What is recomputed, per tower, from the layer's normalization:
     moments layers  the first scale or shift of x by a per-channel tensor made from the synchronized
                     statistics (tf.nn.batch_normalization's x·inv, a hand-written x − μ)
 then, while the forward goes on in the same tower and device, `ACTIVATIONS` and `AFFINE` ops
-whose other input is per channel (or a scalar).
+whose other input is per channel (or a scalar), and the `Merge` of a tensor training flag (the
+synchronized output merged with the original layer's, graphsync/splice/stand_in.py, or a v1
+tf.cond's output). The Merge's copy reads the recomputed output and the original's tensor: when the
+flag trains, that tensor is dead and the copy passes the recomputation on; when it does not, the
+recomputation is dead (its input is a gate's training side) and the copy passes the original on.
 
 Each copy waits, by a control edge, for the gradient tensors its readers take besides the forward's
 (the incoming gradient), so it runs only once the backward has reached the layer; a copy whose
@@ -25,9 +29,12 @@ attribute make them different nodes to common-subexpression elimination (arithme
 the graph optimizer's CSE), and the control edge is the only path from the gradient to the copy,
 so the dependency optimizer's transitive reduction keeps it.
 
-Only gradients that exist at rewrite time can be made to read copies: gradients built after
-rewrite_towers read the forward's tensors (TensorFlow's own gradient functions pick them), and the
-rewrite warns. SyncBatchNormHook and `graphsync run` rewrite graphs whose gradients exist.
+A layer rewritten before its gradients has nothing to move yet: the rewrite names its roots on the
+op whose gradient function graphsync registered and tf.gradients reaches last in the layer's
+backward (a fused layer's normalization, a moments layer's statistics view), and that function
+recomputes (`when_differentiated`): tf.gradients works in reverse topological order, so by then
+every gradient op that reads the layer's forward outputs exists, and so does its incoming
+gradient. The names live in an attribute, so a saved graph differentiated elsewhere recomputes too.
 """
 from __future__ import annotations
 
@@ -45,6 +52,7 @@ from graphsync.graph.tf_private import create_op, pristine_scope
 ACTIVATIONS = frozenset({"Relu", "Relu6", "LeakyRelu", "Elu", "Sigmoid", "Tanh", "Identity"})
 AFFINE = frozenset({"Mul", "AddV2", "Add", "BiasAdd", "Sub", "RealDiv"})   # with a per-channel operand
 RECOMPUTED_ATTR = "_graphsync_recompute"
+ROOTS_ATTR = "_graphsync_recompute_roots"   # on the op whose gradient recomputes (when_differentiated)
 _SHAPE_TYPES = frozenset({"Shape", "ShapeN", "Size", "Rank"})
 # tf.gradients' scopes, and graphsync's synchronized backward (graphsync/splice/layer.py)
 _GRADIENT_OP = re.compile(r"(?:^|/)gradients(?:_\d+)?/|_sync_grad_\d+/")
@@ -79,6 +87,22 @@ def moments_roots(x: tf.Tensor, statistics: list) -> list:
     return [op for op in x.consumers() if op.type in AFFINE and not is_gradient_op(op)
             and _per_channel_operand(op, x) is not None
             and _reaches(_per_channel_operand(op, x), targets)]
+
+
+def defer(trigger: tf.Operation, roots: list) -> None:
+    """For a layer rewritten before its gradients: `trigger`'s gradient function will recompute
+    from `roots` (module docstring)."""
+    names = attr_value_pb2.AttrValue.ListValue(s=[op.name.encode() for op in roots])
+    tf_private.set_attr(trigger, ROOTS_ATTR, attr_value_pb2.AttrValue(list=names))
+
+
+def when_differentiated(trigger: tf.Operation) -> Recomputed:
+    """Called by `trigger`'s gradient function: the gradient ops tf.gradients has built so far
+    read copies (nothing when `trigger` carries no roots)."""
+    if ROOTS_ATTR not in trigger.node_def.attr:
+        return Recomputed()
+    graph = trigger.graph
+    return recompute(graph, [graph.get_operation_by_name(name.decode()) for name in trigger.get_attr(ROOTS_ATTR)])
 
 
 def recompute(graph: tf.Graph, roots: list) -> Recomputed:
@@ -126,11 +150,17 @@ def _chain(roots: list) -> list:
             if consumer in seen or is_gradient_op(consumer) or consumer.device != op.device:
                 continue
             if consumer.type in ACTIVATIONS and len(consumer.inputs) == 1 or \
-                    consumer.type in AFFINE and _per_channel_operand(consumer, t) is not None:
+                    consumer.type in AFFINE and _per_channel_operand(consumer, t) is not None or \
+                    _is_flag_merge(consumer, t):
                 if consumer.outputs[0].shape.is_compatible_with(t.shape) and consumer.outputs[0].dtype == t.dtype:
                     seen.add(consumer)
                     queue.append(consumer)
     return chain
+
+
+def _is_flag_merge(op: tf.Operation, t: tf.Tensor) -> bool:
+    """A two-way Merge taking `t` once: the output of a layer behind a training flag."""
+    return op.type == "Merge" and len(op.inputs) == 2 and sum(u.ref() == t.ref() for u in op.inputs) == 1
 
 
 def _per_channel_operand(op: tf.Operation, t: tf.Tensor):

@@ -256,3 +256,39 @@ def test_saved_worker_graphs_with_different_layers_time_out_instead_of_averaging
     with pytest.raises(RuntimeError, match="Collective has timed out"):
         cl.between_graph_step(cl.cluster_spec({"worker": 2}), [3, 5], tmp_path, saved=saved, timeout=120)
     assert time.monotonic() - started < 60
+
+
+def test_two_workers_with_recompute_train_bit_for_bit_like_without(two_workers, tmp_path):
+    """`graphsync run --recompute` on the same unchanged workers: every worker's outputs, losses,
+    gradients and moving statistics exactly those of `graphsync run`, and its report counts the
+    tensors its backward reads recomputed."""
+    _, synced, _ = two_workers
+    reports = {i: tmp_path / f"report{i}.json" for i in range(2)}
+    spec = cl.cluster_spec({"worker": 2})
+    results = []
+    env = cl.env_for_children()   # each worker its own report file: run_workers shares one runner
+
+    env.update(TF_CPP_MIN_LOG_LEVEL="3", PYTHONWARNINGS="ignore")
+    procs = []
+    try:
+        for i in range(2):
+            argv = GRAPHSYNC_RUN + ["--recompute", "--report", str(reports[i]), SCRIPT, str(tmp_path / f"worker{i}.npz"),
+                                    "--sizes", "3,5"]
+            procs.append(subprocess.Popen(argv, env=dict(env, TF_CONFIG=tf_config(spec, i)), stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True))
+        for i, proc in enumerate(procs):
+            _, err = proc.communicate(timeout=240)
+            assert proc.returncode == 0, f"worker {i}:\n{err[-3000:]}"
+            results.append(dict(np.load(tmp_path / f"worker{i}.npz")))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
+    for i in range(2):
+        graphs = json.loads(reports[i].read_text())["graphs"]
+        assert graphs and all(g["recompute"] and g["recomputed"] > 0 for g in graphs), graphs
+    for (_, _, _, _, want), got in zip(sorted(synced, key=lambda r: r[0]), results):
+        assert want.keys() == got.keys()
+        for key in want:
+            np.testing.assert_array_equal(want[key], got[key], err_msg=key)

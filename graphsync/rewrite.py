@@ -19,7 +19,7 @@ from graphsync.errors import GraphsyncError, GraphsyncWarning
 from graphsync.between_graph.process_group import ProcessGroup
 from graphsync.exchange import make_exchange
 from graphsync.plan.data import Plan, digest, fingerprints
-from graphsync.plan import rule
+from graphsync.plan import moving_updates, rule
 from graphsync.plan.planner import make_plan
 from graphsync.report import LayerReport, RewriteReport, SkippedReport
 
@@ -91,6 +91,7 @@ def _rewrite(graph, towers, device, strategy, group_size, process_group, recompu
         report.fingerprints = fingerprints(plan)
     exchange = make_exchange(graph, plan.strategy, plan.device, plan.groups, process_group,
                              digest("\n".join(report.fingerprints))) if plan.layers else None
+    moving_writes = moving_updates.writes_per_layer(plan.layers)
     spliced = []
     made_after = max((tf_private.creation_order(op) for op in graph.get_operations()), default=-1)
     for layer in plan.layers:
@@ -105,6 +106,7 @@ def _rewrite(graph, towers, device, strategy, group_size, process_group, recompu
     if plan.layers:   # the analysis again, on the result: no batch statistic left per tower
         rule.check_rewritten(graph, plan, plan.covered, made_after)
     _say_kept_per_tower(plan.kept_per_tower)
+    _say_repeated_updates(moving_updates.repeated(moving_writes))
     if plan.recompute:
         report.recompute_deferred = sum(not layer.has_gradients for layer in plan.layers)
     if report.changed:
@@ -143,6 +145,18 @@ def _say_kept_per_tower(kept: list) -> None:
         others = f" (and {more} more: report.skipped, graphsync inspect)" if more else ""
         warnings.warn(f"{len(kept)} batch statistic{'s' if len(kept) > 1 else ''} in the towers "
                       f"stay{'' if len(kept) > 1 else 's'} per tower, unsynchronized: {op}: {why}{others}",
+                      GraphsyncWarning, stacklevel=4)
+
+
+def _say_repeated_updates(repeated: list) -> None:
+    """A GraphsyncWarning when one step updates a layer's moving averages from several towers
+    (graphsync/plan/moving_updates.py)."""
+    if repeated:
+        (name, towers), more = repeated[0], len(repeated) - 1
+        others = f" and {more} more layer{'s' * (more > 1)}" if more else ""
+        warnings.warn(f"the moving averages of layer '{name}'{others} are updated by {towers} towers in the same step, "
+                      f"each with the same synchronized statistics: they move up to {towers}× as far per step as on one device; run "
+                      "one tower's update ops (tf.compat.v1.get_collection(UPDATE_OPS, scope=<first tower>))",
                       GraphsyncWarning, stacklevel=4)
 
 

@@ -1,0 +1,118 @@
+"""Moving averages that several towers update in the same step.
+
+A batch norm's moving mean and variance are usually shared by the towers, and a step runs the
+updates of one tower (tf_cnn_benchmarks, slim's model_deploy: the first clone's UPDATE_OPS). A
+script that gathers `UPDATE_OPS` without a scope runs every tower's update of the same variable.
+Unsynchronized, each moved it by its own tower's statistics; synchronized, each moves it by the
+same global statistics, so the average moves up to T times as far as one device's would (T
+updates in a row, or T that read the old value concurrently and each subtract the same step).
+graphsync does not change what the user's step runs: it names the layers, with the remedy, in one
+line (a GraphsyncWarning).
+"""
+from __future__ import annotations
+
+import collections
+import re
+
+import tensorflow as tf
+
+from graphsync.graph import tf_private
+
+WRITE_TYPES = frozenset({"Assign", "AssignAdd", "AssignSub", "AssignVariableOp", "AssignAddVariableOp",
+                         "AssignSubVariableOp"})
+_DEPTH = 8          # ops from a batch statistic to the write of its moving average (keras: Sub, Mul, Cast…)
+_PASS_THROUGH = frozenset({"Identity", "ReadVariableOp", "RefIdentity"})
+_GRADIENTS = re.compile(r"(?:^|/)gradients(?:_\d+)?/")   # tf.gradients' scopes
+
+
+def writes_per_layer(layers) -> dict:
+    """{layer name: {variable op: [(tower label, write op)]}} for the planned `layers`, found from
+    the statistics each site computes (before the splice moves their readers)."""
+    found = {}
+    for layer in layers:
+        by_variable = collections.defaultdict(list)
+        for site in layer.sites:
+            for write in _writes_from(_statistics(site)):
+                by_variable[_variable(write.inputs[0])].append((site.tower.label, write))
+        found[layer.name] = {v: w for v, w in by_variable.items() if len({t for t, _ in w}) > 1}
+    return found
+
+
+def repeated(found: dict) -> list:
+    """(layer name, number of towers) for each layer whose moving average is updated by several
+    towers' writes that one op waits for (the same step runs them)."""
+    said = []
+    for name, by_variable in found.items():
+        most = max((_run_together([w for _, w in writes]) for writes in by_variable.values()), default=0)
+        if most > 1:
+            said.append((name, most))
+    return said
+
+
+def _statistics(site) -> list:
+    op = site.op
+    if op.type.startswith("FusedBatchNorm"):
+        return list(op.outputs[1:3])
+    variance = getattr(site.parts, "variance", None)
+    return [op.outputs[0]] + ([variance.outputs[0]] if variance is not None else [])
+
+
+def _writes_from(tensors: list) -> list:
+    """Writes within `_DEPTH` ops downstream of `tensors`, through data edges, outside gradients."""
+    found, seen, frontier = [], set(), [c for t in tensors for c in t.consumers()]
+    for _ in range(_DEPTH):
+        following = []
+        for op in frontier:
+            if op in seen or _GRADIENTS.search(op.name):
+                continue
+            seen.add(op)
+            if op.type in WRITE_TYPES:
+                found.append(op)
+                continue
+            following.extend(c for t in op.outputs for c in t.consumers())
+        frontier = following
+    return found
+
+
+def _variable(t: tf.Tensor) -> tf.Operation:
+    op = t.op
+    while op.type in _PASS_THROUGH and op.inputs:
+        op = op.inputs[0].op
+    return op
+
+
+def _run_together(writes: list) -> int:
+    """How many of `writes` share a downstream op with the first one that something runs (data or
+    control edges): those a single fetch runs in the same step. A tower's update that no op waits
+    for (left in UPDATE_OPS, unrun) has no successor at all, which keeps the usual case cheap."""
+    connected = [w for w in writes if _successors(w)]
+    if len(connected) < 2:
+        return len(connected)
+    first = _downstream(connected[0])
+    return 1 + sum(_reaches(w, first) for w in connected[1:])
+
+
+def _successors(op: tf.Operation) -> list:
+    return [c for t in op.outputs for c in t.consumers()] + tf_private.control_outputs(op)
+
+
+def _downstream(op: tf.Operation) -> set:
+    seen, stack = set(), [op]
+    while stack:
+        for nxt in _successors(stack.pop()):
+            if nxt not in seen:
+                seen.add(nxt)
+                stack.append(nxt)
+    return seen
+
+
+def _reaches(op: tf.Operation, targets: set) -> bool:
+    seen, stack = set(), [op]
+    while stack:
+        for nxt in _successors(stack.pop()):
+            if nxt in targets:
+                return True
+            if nxt not in seen:
+                seen.add(nxt)
+                stack.append(nxt)
+    return False

@@ -1,0 +1,99 @@
+"""tf_keras.applications models, each as 2 uneven towers, the way users' multi-GPU scripts call
+them: inspect (plan_towers, what `graphsync inspect` shows), rewrite, one training step. Anything
+but a rewrite or a GraphsyncError fails the test, and the towers' outputs must equal one device
+on the concatenated batch: a third call of the same model on the whole batch, outside the towers,
+in the same graph and session (so with the same variables), which graphsync leaves alone. The
+tolerance is 4× that one device's own noise (a fourth call on the batch in another order, put back
+in order; deep float32 nets at 32×32 normalize 1×1 maps over 3 examples, which amplifies rounding),
+and at least 1e-5.
+
+The default run takes a small model of most families (one without batch norm); set
+GRAPHSYNC_ALL_APPLICATIONS=1 for every model of tf_keras.applications (about 40 minutes on 2 cores).
+"""
+import os
+import warnings
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import graphsync
+import towerlib as tl
+
+tf1 = tf.compat.v1
+tf_keras = pytest.importorskip("tf_keras")
+
+SMALLEST = ["ConvNeXtTiny", "DenseNet121", "EfficientNetB0", "EfficientNetV2B0", "InceptionV3", "MobileNet",
+            "MobileNetV2", "MobileNetV3Small", "RegNetX002", "ResNet50V2"]
+EVERY = sorted(name for name in dir(tf_keras.applications) if name[0].isupper()
+               and callable(getattr(tf_keras.applications, name)))
+MODELS = EVERY if os.environ.get("GRAPHSYNC_ALL_APPLICATIONS") == "1" else SMALLEST
+MIN_SIZE = {"InceptionV3": 75, "InceptionResNetV2": 75, "Xception": 71, "NASNetMobile": 224, "NASNetLarge": 331}
+SIZES = [1, 2]
+FLOOR = 1e-5
+
+
+def _build(name):
+    size = MIN_SIZE.get(name, 32)
+    graph = tf.Graph()
+    with graph.as_default():
+        tf1.set_random_seed(0)
+        kwargs = dict(input_shape=(size, size, 3), weights=None, classes=3)
+        try:
+            model = getattr(tf_keras.applications, name)(classifier_activation=None, **kwargs)
+        except TypeError:
+            model = getattr(tf_keras.applications, name)(**kwargs)
+        inputs, outputs, losses = [], [], []
+        for i, n in enumerate(SIZES):
+            with tf.device(f"/cpu:{i}"), tf1.name_scope(f"tower_{i}"):
+                x = tf1.placeholder(tf.float32, (n, size, size, 3), name="x")
+                y = model(x, training=True)
+                inputs.append(x), outputs.append(y), losses.append(tf.reduce_sum(tf.square(y)))
+        with tf.device("/cpu:2"), tf1.name_scope("one_device"):
+            whole = tf.concat(inputs, 0)
+            order = np.random.RandomState(1).permutation(sum(SIZES))
+            reference = model(whole, training=True)
+            reordered = tf.gather(model(tf.gather(whole, order), training=True), np.argsort(order))
+        opt = tf1.train.GradientDescentOptimizer(1e-3)
+        grads = [opt.compute_gradients(loss) for loss in losses]
+        pairs = [(tf.add_n([g[k][0] for g in grads]) / len(SIZES), grads[0][k][1])
+                 for k in range(len(grads[0])) if grads[0][k][0] is not None]
+        train = opt.apply_gradients(pairs)
+        init = tf1.global_variables_initializer()
+    return graph, inputs, outputs, (reference, reordered), train, init, size
+
+
+def _run(graph, inputs, outputs, references, train, init, feed, step):
+    """(error of the towers against one device, that device's own noise)."""
+    with tf1.Session(graph=graph, config=tl.CONFIG) as sess:
+        sess.run(init)
+        got, (want, reordered) = sess.run([outputs, references], feed)
+        if step:
+            sess.run(train, feed)
+    return tl.max_rel_error(np.concatenate(got), want), tl.max_rel_error(reordered, want)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_application_rewrites_and_equals_one_device(name):
+    graph, inputs, outputs, reference, train, init, size = _build(name)
+    x = np.random.RandomState(0).rand(sum(SIZES), size, size, 3).astype(np.float32)
+    feed = dict(zip(inputs, np.split(x, np.cumsum(SIZES)[:-1])))
+    unsynced, _ = _run(graph, inputs, outputs, reference, train, init, feed, step=False)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", graphsync.GraphsyncWarning)
+            plan, _ = graphsync.rewrite.plan_towers(graph)
+            report = graphsync.rewrite_towers(graph)
+    except graphsync.GraphsyncError as refused:   # a refusal is legal: one line, the graph unchanged
+        assert "\n" not in str(refused)
+        return
+    assert len(report.layers) == len(plan.layers)
+    error, noise = _run(graph, inputs, outputs, reference, train, init, feed, step=True)
+    tolerance = max(4 * noise, FLOOR)
+    print(f"{name}: {len(report.layers)} layers, error {error:.2g}, one device's noise {noise:.2g}, "
+          f"unsynchronized {unsynced:.2g}")
+    assert error <= tolerance, (error, noise, unsynced)
+    if report.layers:
+        assert unsynced > 3 * tolerance, (unsynced, tolerance)
+    else:   # nothing to synchronize (layer norm): the graph's towers were right already
+        assert unsynced <= tolerance, (unsynced, tolerance)

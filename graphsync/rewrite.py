@@ -14,6 +14,7 @@ import tensorflow as tf
 from graphsync.splice import inline
 from graphsync.graph import ref_races
 from graphsync.splice import layer as splice
+from graphsync.splice import reduction
 from graphsync.graph import tf_private
 from graphsync.errors import GraphsyncError, GraphsyncWarning
 from graphsync.between_graph.process_group import ProcessGroup
@@ -94,7 +95,8 @@ def _rewrite(graph, towers, device, strategy, group_size, process_group, recompu
     spliced = []
     made_after = max((tf_private.creation_order(op) for op in graph.get_operations()), default=-1)
     for layer in plan.layers:
-        made = splice.splice_layer(graph, layer, exchange, recompute=plan.recompute)
+        made = reduction.splice_reduction(graph, layer, exchange) if layer.kind == "reduction" else \
+            splice.splice_layer(graph, layer, exchange, recompute=plan.recompute)
         spliced.append(made.layer)
         report.recomputed += made.recomputed
         report.edges_moved += made.edges
@@ -189,6 +191,8 @@ def _check(spliced: list) -> None:
         for site in layer.sites:
             if layer.kind == "moments":
                 old = [(op, op.outputs[:1]) for op in (site.op, site.parts.variance)]
+            elif layer.kind == "reduction":
+                old = [(site.op, site.op.outputs)]
             else:   # the fused op's reserve spaces stay read by its (dead) gradient ops
                 old = [(site.op, site.op.outputs[:3])] + [(g, g.outputs) for g in site.grad_ops]
             for op, outputs in old:

@@ -108,7 +108,7 @@ def _rewrite(graph, towers, device, strategy, group_size, process_group, recompu
         rule.check_rewritten(graph, plan, plan.covered, made_after)
     _say_kept_per_tower(plan.kept_per_tower)
     if plan.recompute:
-        _say_not_recomputed(plan.layers)
+        _say_not_recomputed([layer for layer in plan.layers if layer.kind != "reduction"])   # nothing to recompute
     if report.changed:
         _rewritten_graphs.add(graph)
         _say_races(ref_races.find_races(graph))

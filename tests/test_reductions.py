@@ -129,13 +129,13 @@ def _reference(form, dtype):
     return (x, t), ref, tl.tolerance(dtype, noise, sum(BATCHES) * int(np.prod(_shape(form)[:-1])))
 
 
-def _errors(form, gradients, strategy, dtype, rewrite=True):
+def _errors(form, gradients, strategy, dtype, rewrite=True, batches=BATCHES):
     (x, t), ref, _ = _reference(form, dtype)
     reports = []
     fn = (lambda g: reports.append(graphsync.rewrite_towers(g, strategy=strategy))) if rewrite else None
-    built = tl.build(_model(form, BATCHES), list(BATCHES), gradients=gradients, rewrite=fn, dtype=dtype,
+    built = tl.build(_model(form, batches), list(batches), gradients=gradients, rewrite=fn, dtype=dtype,
                      input_shape=_shape(form))
-    got = tl.run_step(built, x, t, list(BATCHES))
+    got = tl.run_step(built, x, t, list(batches))
     return {k: tl.max_rel_error(got[k], ref[k]) for k in ("output", "loss", "grads", "variables")}, reports, built
 
 
@@ -158,6 +158,15 @@ def test_step_equals_single_device_reference(form, gradients, strategy, dtype):
     assert max(errors.values()) < tolerance, (errors, tolerance)
     assert unsynchronized["output"] > 3 * tolerance and unsynchronized["grads"] > 3 * tolerance, \
         (unsynchronized, tolerance)
+
+
+@pytest.mark.parametrize("gradients,strategy", [("after", "gather"), ("before", "allreduce")])
+def test_a_tower_without_examples(gradients, strategy):
+    """Counts come from run-time shapes: a tower of 0 examples adds nothing, NaN nowhere."""
+    batches = (BATCHES[0] + BATCHES[1], 0, BATCHES[2])
+    errors, _, _ = _errors("reduce_variance", gradients, strategy, tf.float64, batches=batches)
+    del errors["loss"]   # the reference's losses are per tower of BATCHES
+    assert max(errors.values()) < _reference("reduce_variance", tf.float64)[2], errors
 
 
 def test_nested_statistics_are_spliced_inner_first():

@@ -62,6 +62,13 @@ def _sums(h):
     return h - tf.reduce_mean(h, [0, 1])
 
 
+def _min_max_scaling(h):
+    """(h − min) / (max − min + 1) over the batch: the extremum's gradient goes to the elements
+    equal to it, split among all towers' ties (duplicated examples make some, see _reference)."""
+    low = tf.reduce_min(h, [0, 1, 2])
+    return _affine((h - low) / (tf.reduce_max(h, [0, 1], keepdims=True) - low + 1.0), "bn")
+
+
 FORMS = {   # name: h -> normalized h, written as users write them
     "reduce_variance": lambda h: _affine(h * tf.math.rsqrt(tf.math.reduce_variance(h, [0, 1, 2]) + EPSILON), "bn"),
     "reduce_std": lambda h: _affine(h / (tf.math.reduce_std(h, [0, 1, 2]) + EPSILON), "bn"),
@@ -69,6 +76,7 @@ FORMS = {   # name: h -> normalized h, written as users write them
     "sum_and_partial_mean": _sums,
     "weighted_folded": _weighted_folded,
     "evonorm_b0": _evonorm_b0,
+    "min_max_scaling": _min_max_scaling,
     "masked_sequence": None,   # [N, T, C] with a mask per step: _sequence_model
 }
 STATIC = ("weighted_folded",)   # built with static batch sizes per tower (the rest: dynamic)
@@ -122,6 +130,8 @@ def _shape(form):
 def _reference(form, dtype):
     """(x, t), one device's step, and the tolerance (from one device's step on reordered examples)."""
     x, t = tl.data(list(BATCHES), _shape(form), (WIDTH,), dtype=dtype.as_numpy_dtype)
+    if form == "min_max_scaling":   # tower 1 repeats tower 0's examples: extrema tie across towers
+        x[BATCHES[0]:2 * BATCHES[0]] = x[:BATCHES[0]]
     kw = dict(dtype=dtype, input_shape=_shape(form))
     ref = tl.reference_step(_model(form, [sum(BATCHES)]), list(BATCHES), x, t, **kw)
     again = tl.reordered_reference_step(_model(form, [sum(BATCHES)]), list(BATCHES), x, t, **kw)
@@ -185,10 +195,10 @@ def test_second_rewrite_changes_nothing(gradients, strategy):
     assert built.graph.as_graph_def() == before
 
 
-def test_max_over_the_batch_stays_refused():
-    """Max and Min are not synchronized (their gradient needs the global ties): refused, untouched."""
+def test_a_product_over_the_batch_stays_refused():
+    """Prod is not synchronized: refused, in one line."""
     def model(x):
         h = _conv(x, "c1")
-        return tf.reduce_mean(_conv(tf.nn.relu(h - tf.reduce_max(h, [0, 1, 2]) + 1.0), "c2", WIDTH), [1, 2]), []
-    with pytest.raises(graphsync.GraphsyncError, match=r"^tower_0/Max \(Max\) computes a batch statistic"):
+        return tf.reduce_mean(_conv(h * tf.reduce_prod(tf.sigmoid(h), [0, 1, 2]), "c2", WIDTH), [1, 2]), []
+    with pytest.raises(graphsync.GraphsyncError, match=r"^tower_0/Prod \(Prod\) computes a batch statistic"):
         tl.build(model, list(BATCHES), rewrite=graphsync.rewrite_towers)

@@ -34,7 +34,7 @@ class AllReduce:
         self.scale = process_group.tasks if process_group else 1
         self.timeout = process_group.timeout if process_group else 0.0
 
-    def _reduce(self, graph, sites, packed, name):
+    def _reduce(self, graph, sites, packed, name, merge="Add"):
         """All-reduces each tower's packed vector. Returns, per tower, the reduced vector and what
         its first reader must wait for: one NoOp (on the group's first device) after every
         collective of the group, so fetching one tower's result never leaves another tower's
@@ -48,7 +48,7 @@ class AllReduce:
             for i in members:
                 with pristine_scope(graph, sites[i].device, f"{sites[i].op.name}_sync/{name}"):
                     reduced[i] = all_reduce(packed[i], len(members) * self.scale, self.group_keys[g], instance,
-                                            ops=self.ops, timeout=self.timeout)
+                                            ops=self.ops, timeout=self.timeout, merge=merge)
             first = sites[members[0]]
             with pristine_scope(graph, first.device, f"{first.op.name}_sync/{name}"), \
                     graph.control_dependencies([reduced[i].op for i in members]):
@@ -109,6 +109,19 @@ class AllReduce:
                               timeout_ms=round(self.timeout * 1000))
             with pristine_scope(graph, sites[i].device, f"{sites[i].op.name}_sync/unpack_{tag}"):
                 out.append([shared] + [tf.stop_gradient(t) for t in totals[1:]])
+        return out
+
+    def extrema(self, graph, layer, sites, values, kind, tag="forward_extremum") -> list[tuple]:
+        """Per tower: (the elementwise `kind` ("Max" or "Min") of every tower's value, the keys of
+        a view of it, graphsync/exchange/views.py)."""
+        out = []
+        for i, (vector, peers, g, instance) in enumerate(self._reduce(graph, sites, list(values), tag, merge=kind)):
+            with pristine_scope(graph, sites[i].device, f"{sites[i].op.name}_sync/{tag}"), \
+                    graph.control_dependencies(peers):
+                total = tf.identity(vector, name="extremum")
+            total.set_shape(values[i].shape)
+            out.append((total, dict(members=len(self.groups[g]) * self.scale, group_key=self.group_keys[g],
+                                    instance_key=instance, timeout_ms=round(self.timeout * 1000))))
         return out
 
     def _sums(self, graph, layer, sites, values, tag, finish=None) -> list[tuple]:

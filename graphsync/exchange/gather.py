@@ -69,3 +69,15 @@ class Gather:
                 with pristine_scope(graph, sites[i].device, sites[i].op.name + "_sync"):
                     out[i] = [shared] + [tf.stop_gradient(t) for t in out[i][1:]]
         return out
+
+    def extrema(self, graph, layer, sites, values, kind, tag="forward_extremum") -> list[tuple]:
+        """Per tower: (the elementwise `kind` ("Max" or "Min") of every tower's value, the keys of
+        a view of it, graphsync/exchange/views.py)."""
+        out = [None] * len(sites)
+        reduce = tf.reduce_max if kind == "Max" else tf.reduce_min
+        for g, members in enumerate(self.groups):
+            with pristine_scope(graph, self.device, self._scope(layer, tag, g)):
+                total = reduce(tf.stack([values[i] for i in members]), 0, name="extremum")
+            for member, i in enumerate(members):
+                out[i] = (total, dict(members=len(members), member=member))
+        return out

@@ -544,7 +544,7 @@ SYNCHRONIZED = "synchronized"
 _MERGES = ("Collective", "Nccl")
 # The gradient names of graphsync's statistics views (graphsync/exchange/views.py): a tower's own
 # statistics enter them beside the merged ones, so a view combines the tower with the others.
-GRAPHSYNC_VIEWS = ("GraphsyncStatisticsView", "GraphsyncSumView")
+GRAPHSYNC_VIEWS = ("GraphsyncStatisticsView", "GraphsyncSumView", "GraphsyncExtremumView")
 
 
 def verdict(analysis: Analysis, crossed: CrossOp, tower_of=None, skip=frozenset(), budget: int = 4000) -> tuple:

@@ -79,8 +79,9 @@ def all_reduce(x: tf.Tensor, group_size: int, group_key: int, instance_key: int,
     attrs = {"T": attr_value_pb2.AttrValue(type=x.dtype.as_datatype_enum),
              "merge_op": attr_value_pb2.AttrValue(s=merge.encode()), "final_op": attr_value_pb2.AttrValue(s=b"Id"),
              "Nordering_token": attr_value_pb2.AttrValue(i=0),
-             "timeout_seconds": attr_value_pb2.AttrValue(f=float(timeout)),
-             "_gradient_op_type": attr_value_pb2.AttrValue(s=ALLREDUCE_GRADIENT.encode())}
+             "timeout_seconds": attr_value_pb2.AttrValue(f=float(timeout))}
+    if merge == "Add":   # an extremum's all-reduce has no gradient: graphsync/splice/reduction.py builds its own
+        attrs["_gradient_op_type"] = attr_value_pb2.AttrValue(s=ALLREDUCE_GRADIENT.encode())
     return create_op(x.graph, "CollectiveReduceV2", [x] + keys, attrs, name or "CollectiveReduceV2").outputs[0]
 
 

@@ -34,6 +34,8 @@ from graphsync.splice.layer import Spliced
 
 
 def splice_reduction(graph: tf.Graph, layer: LayerPlan, exchange) -> Spliced:
+    """Synchronizes one planned reduction through `exchange` (see graphsync.exchange); returns
+    what it made, as splice_layer does."""
     if layer.sites[0].op.type in ("Max", "Min"):
         return _splice_extremum(graph, layer, exchange)
     count = Spliced(layer=layer)
@@ -82,6 +84,8 @@ def _backward(graph, layer: LayerPlan, exchange, uploads, totals, k: int, mean: 
 
 
 def _splice_extremum(graph: tf.Graph, layer: LayerPlan, exchange) -> Spliced:
+    """A Max or Min: the extremum over the towers, the count of its ties in all towers, and the
+    gradient split among them (the module docstring)."""
     count = Spliced(layer=layer)
     axes, kind = list(layer.layout.axes), layer.sites[0].op.type
     reduce = tf.reduce_max if kind == "Max" else tf.reduce_min

@@ -5,7 +5,8 @@ outputs, per-tower losses, gradients, updated variables — and the un-rewritten
 rewrite; gather and all-reduce; float32 and float64.
 
 Tolerances from towerlib.tolerance: 4× the distance between two one-device runs of the batch in
-different orders, at least 2·u·√n. Measured errors are printed by `-s`.
+different orders (float32), at least 2·u·√n (float64: that bound alone, 4e-15; measured ≤ 1e-15,
+float32 ≤ 2e-6). Un-rewritten errors are 0.05 and more. Measured errors are printed by `-s`.
 """
 import functools
 import itertools
@@ -134,8 +135,10 @@ def _reference(form, dtype):
         x[BATCHES[0]:2 * BATCHES[0]] = x[:BATCHES[0]]
     kw = dict(dtype=dtype, input_shape=_shape(form))
     ref = tl.reference_step(_model(form, [sum(BATCHES)]), list(BATCHES), x, t, **kw)
-    again = tl.reordered_reference_step(_model(form, [sum(BATCHES)]), list(BATCHES), x, t, **kw)
-    noise = max(tl.max_rel_error(again[k], ref[k]) for k in ("output", "loss", "grads", "variables"))
+    noise = 0.0   # float64: 2·u·√n bounds it (measured reorderings ≤ 1e-16), one run spared per form
+    if dtype != tf.float64:
+        again = tl.reordered_reference_step(_model(form, [sum(BATCHES)]), list(BATCHES), x, t, **kw)
+        noise = max(tl.max_rel_error(again[k], ref[k]) for k in ("output", "loss", "grads", "variables"))
     return (x, t), ref, tl.tolerance(dtype, noise, sum(BATCHES) * int(np.prod(_shape(form)[:-1])))
 
 
@@ -150,6 +153,12 @@ def _errors(form, gradients, strategy, dtype, rewrite=True, batches=BATCHES):
 
 
 @functools.lru_cache(maxsize=None)
+def _synchronized(form, gradients, strategy, dtype):
+    errors, reports, _ = _errors(form, gradients, strategy, dtype)
+    return errors, reports
+
+
+@functools.lru_cache(maxsize=None)
 def _unsynchronized(form, dtype):
     return _errors(form, "after", "gather", dtype, rewrite=False)[0]
 
@@ -159,7 +168,7 @@ def _unsynchronized(form, dtype):
 def test_step_equals_single_device_reference(form, gradients, strategy, dtype):
     with warnings.catch_warnings():
         warnings.simplefilter("error", graphsync.GraphsyncWarning)   # nothing left per tower
-        errors, reports, _ = _errors(form, gradients, strategy, dtype)
+        errors, reports = _synchronized(form, gradients, strategy, dtype)
     tolerance = _reference(form, dtype)[2]
     unsynchronized = _unsynchronized(form, dtype)
     print(f"\n{form} {gradients} {strategy} {dtype.name}: tolerance {tolerance:.1e}, rewritten "
@@ -183,13 +192,14 @@ def test_nested_statistics_are_spliced_inner_first():
     """reduce_variance: the mean, then the variance of the deviations from the synchronized mean."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", graphsync.GraphsyncWarning)
-        _, reports, _ = _errors("reduce_variance", "after", "gather", tf.float64)
+        _, reports = _synchronized("reduce_variance", "after", "gather", tf.float64)
     assert [l.name for l in reports[0].layers] == ["reduce_variance/Mean", "reduce_variance/Mean_1"], str(reports[0])
 
 
 @pytest.mark.parametrize("gradients,strategy", [("before", "gather"), ("before", "allreduce"), ("after", "gather")])
 def test_second_rewrite_changes_nothing(gradients, strategy):
-    _, reports, built = _errors("mean_only", gradients, strategy, tf.float64)
+    built = tl.build(_model("mean_only", BATCHES), list(BATCHES), gradients=gradients, dtype=tf.float64,
+                     rewrite=lambda g: graphsync.rewrite_towers(g, strategy=strategy), input_shape=IMAGE)
     before = built.graph.as_graph_def()
     assert not graphsync.rewrite_towers(built.graph, strategy=strategy).changed
     assert built.graph.as_graph_def() == before

@@ -196,9 +196,12 @@ def test_nested_statistics_are_spliced_inner_first():
     assert [l.name for l in reports[0].layers] == ["reduce_variance/Mean", "reduce_variance/Mean_1"], str(reports[0])
 
 
-@pytest.mark.parametrize("gradients,strategy", [("before", "gather"), ("before", "allreduce"), ("after", "gather")])
-def test_second_rewrite_changes_nothing(gradients, strategy):
-    built = tl.build(_model("mean_only", BATCHES), list(BATCHES), gradients=gradients, dtype=tf.float64,
+@pytest.mark.parametrize("form,gradients,strategy", [("mean_only", "before", "gather"),
+                                                    ("mean_only", "after", "allreduce"),
+                                                    ("min_max_scaling", "before", "allreduce"),
+                                                    ("min_max_scaling", "after", "gather")])
+def test_second_rewrite_changes_nothing(form, gradients, strategy):
+    built = tl.build(_model(form, BATCHES), list(BATCHES), gradients=gradients, dtype=tf.float64,
                      rewrite=lambda g: graphsync.rewrite_towers(g, strategy=strategy), input_shape=IMAGE)
     before = built.graph.as_graph_def()
     assert not graphsync.rewrite_towers(built.graph, strategy=strategy).changed

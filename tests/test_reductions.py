@@ -215,3 +215,28 @@ def test_a_product_over_the_batch_stays_refused():
         return tf.reduce_mean(_conv(h * tf.reduce_prod(tf.sigmoid(h), [0, 1, 2]), "c2", WIDTH), [1, 2]), []
     with pytest.raises(graphsync.GraphsyncError, match=r"^tower_0/Prod \(Prod\) computes a batch statistic"):
         tl.build(model, list(BATCHES), rewrite=graphsync.rewrite_towers)
+
+
+def _fused_and_centring(x):
+    h = _conv(x, "c1")
+    h = _conv(tf.nn.relu(h - tf.reduce_mean(h, [0, 1, 2])), "c2")
+    h = tf1.layers.batch_normalization(h, training=True, fused=True, name="bn")
+    return tf.reduce_mean(_conv(tf.nn.relu(h), "c3", WIDTH), [1, 2]), []
+
+
+@pytest.mark.parametrize("gradients,strategy", [("after", "allreduce"), ("before", "gather")])
+def test_beside_a_recognized_batch_norm(gradients, strategy):
+    """A recognized form keeps its own path (tf.compat.v1.layers' float64 batch norm runs
+    tf.nn.moments: no fused float64 kernel); the centring beside it is a reduction layer."""
+    x, t = tl.data(list(BATCHES), IMAGE, (WIDTH,), dtype=np.float64)
+    ref = tl.reference_step(_fused_and_centring, list(BATCHES), x, t, dtype=tf.float64)
+    reports = []
+    built = tl.build(_fused_and_centring, list(BATCHES), gradients=gradients, dtype=tf.float64,
+                     rewrite=lambda g: reports.append(graphsync.rewrite_towers(g, strategy=strategy)))
+    got = tl.run_step(built, x, t, list(BATCHES))
+    assert sorted(l.kind for l in reports[0].layers) == ["moments", "reduction"], str(reports[0])
+    errors = {k: tl.max_rel_error(got[k], ref[k]) for k in ("output", "loss", "grads", "variables")}
+    tolerance = tl.tolerance(tf.float64, 0.0, sum(BATCHES) * 36)
+    assert max(errors.values()) < tolerance, errors
+    unsynchronized = tl.run_step(tl.build(_fused_and_centring, list(BATCHES), dtype=tf.float64), x, t, list(BATCHES))
+    assert tl.max_rel_error(unsynchronized["grads"], ref["grads"]) > 3 * tolerance

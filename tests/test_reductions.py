@@ -197,10 +197,9 @@ def test_nested_statistics_are_spliced_inner_first():
 
 
 @pytest.mark.parametrize("form,gradients,strategy", [("mean_only", "before", "gather"),
-                                                    ("mean_only", "after", "allreduce"),
-                                                    ("min_max_scaling", "before", "allreduce"),
-                                                    ("min_max_scaling", "after", "gather")])
+                                                    ("min_max_scaling", "before", "allreduce")])
 def test_second_rewrite_changes_nothing(form, gradients, strategy):
+    """Rewritten before its gradients, each tower reads its views, which the rule counts as merges."""
     built = tl.build(_model(form, BATCHES), list(BATCHES), gradients=gradients, dtype=tf.float64,
                      rewrite=lambda g: graphsync.rewrite_towers(g, strategy=strategy), input_shape=IMAGE)
     before = built.graph.as_graph_def()
@@ -224,12 +223,20 @@ def _fused_and_centring(x):
     return tf.reduce_mean(_conv(tf.nn.relu(h), "c3", WIDTH), [1, 2]), []
 
 
+@functools.lru_cache(maxsize=None)
+def _beside_reference():
+    """(x, t), one device's step, and how far the un-rewritten graph's gradients are from it."""
+    x, t = tl.data(list(BATCHES), IMAGE, (WIDTH,), dtype=np.float64)
+    ref = tl.reference_step(_fused_and_centring, list(BATCHES), x, t, dtype=tf.float64)
+    unsynchronized = tl.run_step(tl.build(_fused_and_centring, list(BATCHES), dtype=tf.float64), x, t, list(BATCHES))
+    return (x, t), ref, tl.max_rel_error(unsynchronized["grads"], ref["grads"])
+
+
 @pytest.mark.parametrize("gradients,strategy", [("after", "allreduce"), ("before", "gather")])
 def test_beside_a_recognized_batch_norm(gradients, strategy):
     """A recognized form keeps its own path (tf.compat.v1.layers' float64 batch norm runs
     tf.nn.moments: no fused float64 kernel); the centring beside it is a reduction layer."""
-    x, t = tl.data(list(BATCHES), IMAGE, (WIDTH,), dtype=np.float64)
-    ref = tl.reference_step(_fused_and_centring, list(BATCHES), x, t, dtype=tf.float64)
+    (x, t), ref, unsynchronized = _beside_reference()
     reports = []
     built = tl.build(_fused_and_centring, list(BATCHES), gradients=gradients, dtype=tf.float64,
                      rewrite=lambda g: reports.append(graphsync.rewrite_towers(g, strategy=strategy)))
@@ -237,6 +244,4 @@ def test_beside_a_recognized_batch_norm(gradients, strategy):
     assert sorted(l.kind for l in reports[0].layers) == ["moments", "reduction"], str(reports[0])
     errors = {k: tl.max_rel_error(got[k], ref[k]) for k in ("output", "loss", "grads", "variables")}
     tolerance = tl.tolerance(tf.float64, 0.0, sum(BATCHES) * 36)
-    assert max(errors.values()) < tolerance, errors
-    unsynchronized = tl.run_step(tl.build(_fused_and_centring, list(BATCHES), dtype=tf.float64), x, t, list(BATCHES))
-    assert tl.max_rel_error(unsynchronized["grads"], ref["grads"]) > 3 * tolerance
+    assert max(errors.values()) < tolerance and unsynchronized > 3 * tolerance, (errors, unsynchronized)

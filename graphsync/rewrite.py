@@ -14,6 +14,7 @@ import tensorflow as tf
 from graphsync.splice import inline
 from graphsync.graph import ref_races
 from graphsync.splice import layer as splice
+from graphsync.splice import reduction
 from graphsync.graph import tf_private
 from graphsync.errors import GraphsyncError, GraphsyncWarning
 from graphsync.between_graph.process_group import ProcessGroup
@@ -95,7 +96,8 @@ def _rewrite(graph, towers, device, strategy, group_size, process_group, recompu
     spliced = []
     made_after = max((tf_private.creation_order(op) for op in graph.get_operations()), default=-1)
     for layer in plan.layers:
-        made = splice.splice_layer(graph, layer, exchange, recompute=plan.recompute)
+        made = reduction.splice_reduction(graph, layer, exchange) if layer.kind == "reduction" else \
+            splice.splice_layer(graph, layer, exchange, recompute=plan.recompute)
         spliced.append(made.layer)
         report.recomputed += made.recomputed
         report.edges_moved += made.edges
@@ -108,7 +110,8 @@ def _rewrite(graph, towers, device, strategy, group_size, process_group, recompu
     _say_kept_per_tower(plan.kept_per_tower)
     _say_repeated_updates(moving_updates.repeated(moving_writes))
     if plan.recompute:
-        report.recompute_deferred = sum(not layer.has_gradients for layer in plan.layers)
+        report.recompute_deferred = sum(not layer.has_gradients and layer.kind != "reduction"
+                                        for layer in plan.layers)   # a reduction has nothing to recompute
     if report.changed:
         _rewritten_graphs.add(graph)
         _say_races(ref_races.find_races(graph))
@@ -185,6 +188,8 @@ def _check(spliced: list) -> None:
         for site in layer.sites:
             if layer.kind == "moments":
                 old = [(op, op.outputs[:1]) for op in (site.op, site.parts.variance)]
+            elif layer.kind == "reduction":
+                old = [(site.op, site.op.outputs)]
             else:   # the fused op's reserve spaces stay read by its (dead) gradient ops
                 old = [(site.op, site.op.outputs[:3])] + [(g, g.outputs) for g in site.grad_ops]
             for op, outputs in old:

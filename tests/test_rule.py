@@ -1,7 +1,9 @@
 """The rule (graphsync/match/batch_axis.py, graphsync/plan/rule.py): every op combining a tower's
-examples gets a verdict, and a batch statistic no form synchronizes is refused in one line, the
-graph left as it was (issue 30's table, fixed crop and batch sizes, 3 uneven towers), where it used
-to train per tower without a word. Losses, metrics, summaries, layer norm: left exactly as they were.
+examples gets a verdict; a Sum or Mean over the batch no form covers is synchronized as a
+reduction (graphsync/plan/reductions.py; numbers in tests/test_reductions.py), and a batch
+statistic nothing synchronizes is refused in one line, the graph left as it was (issue 30's table,
+fixed crop and batch sizes, 3 uneven towers), where it used to train per tower without a word.
+Losses, metrics, summaries, layer norm: left exactly as they were.
 """
 import numpy as np
 import pytest
@@ -34,7 +36,11 @@ FORMS = {   # the issue's table: written as users write them; each trained per t
     "mean only": lambda h: h - tf.reduce_mean(h, [0, 1, 2]),
     "hand mask": lambda h: h - tf.reduce_sum(h * _mask(h), [0, 1, 2]) / tf.reduce_sum(_mask(h), [0, 1, 2]),
     "top-k read back": lambda h: h - tf.reduce_mean(tf.math.top_k(tf.transpose(h, [1, 2, 3, 0]), 2)[0], [0, 1, 3]),
+    "max centring": lambda h: h - tf.reduce_max(h, [0, 1, 2]),
+    "batch contraction": lambda h: h + tf.matmul(tf.reshape(h, [-1, 4]), tf.reshape(h, [-1, 4]), transpose_a=True)[0],
 }
+SYNCHRONIZED = ("weighted_moments, folded", "reduce_variance", "reduce_std", "mean only", "hand mask", "max centring")
+REFUSED = tuple(form for form in FORMS if form not in SYNCHRONIZED)   # no sum over the towers makes them one device's
 
 
 def _static_towers(form, batches=BATCHES):
@@ -51,8 +57,18 @@ def _static_towers(form, batches=BATCHES):
     return graph
 
 
-@pytest.mark.parametrize("form", FORMS)
-def test_every_form_of_the_table_is_refused_in_one_line_and_the_graph_left_alone(form):
+@pytest.mark.parametrize("form", SYNCHRONIZED)
+def test_sums_and_means_of_the_table_are_synchronized_as_reductions(form):
+    graph = _static_towers(form)
+    report = graphsync.rewrite_towers(graph)
+    assert report.layers and {layer.kind for layer in report.layers} == {"reduction"}, str(report)
+    assert all(len(layer.tower_ops) == len(BATCHES) for layer in report.layers)
+    plan, _ = graphsync.rewrite.plan_towers(graph)   # the result holds no per-tower batch statistic
+    assert "refused" not in {r.verdict for r in plan.cross_example}, plan.cross_example
+
+
+@pytest.mark.parametrize("form", REFUSED)
+def test_what_no_sum_synchronizes_is_refused_in_one_line_and_the_graph_left_alone(form):
     graph = _static_towers(form)
     before = graph.as_graph_def(add_shapes=False).SerializeToString(deterministic=True)
     with pytest.raises(graphsync.GraphsyncError, match="computes a batch statistic graphsync cannot synchronize") as err:
@@ -62,19 +78,20 @@ def test_every_form_of_the_table_is_refused_in_one_line_and_the_graph_left_alone
     assert graph.as_graph_def(add_shapes=False).SerializeToString(deterministic=True) == before
 
 
-def _centred(x):
+def _top_k_centred(x):
     h = _conv(x, "c1")
-    return _conv(tf.nn.relu(h - tf.reduce_mean(h, [0, 1, 2])), "c2", 5)[:, 0, 0, :], []
+    return _conv(tf.nn.relu(FORMS["top-k read back"](h)), "c2", 5)[:, 0, 0, :], []
 
 
 def test_the_refused_form_trained_per_tower_unlike_one_device():
-    """Why refusing is right: left as it is, the mean-only centring differs from one device."""
+    """Why refusing is right: left as it is, a centring on the batch's top 2 differs from one
+    device (a top-k over the towers is not synchronized)."""
     x, t = tl.data(list(BATCHES), (6, 6, 3), (5,))
-    ref = tl.reference_step(_centred, list(BATCHES), x, t)
-    per_tower = tl.run_step(tl.build(_centred, list(BATCHES)), x, t, list(BATCHES))
+    ref = tl.reference_step(_top_k_centred, list(BATCHES), x, t)
+    per_tower = tl.run_step(tl.build(_top_k_centred, list(BATCHES)), x, t, list(BATCHES))
     assert tl.max_rel_error(per_tower["output"], ref["output"]) > 1e-2
-    with pytest.raises(graphsync.GraphsyncError, match="Mean"):
-        tl.build(_centred, list(BATCHES), rewrite=graphsync.rewrite_towers)
+    with pytest.raises(graphsync.GraphsyncError, match="TopKV2"):
+        tl.build(_top_k_centred, list(BATCHES), rewrite=graphsync.rewrite_towers)
 
 
 def _left_alone_model(x):

@@ -15,7 +15,7 @@ import tensorflow as tf
 from graphsync.exchange.collectives import CollectiveKeys, all_reduce, allreduce_keys, cross_process_group_key
 from graphsync.between_graph.process_group import ProcessGroup
 from graphsync.exchange.values import Synchronized
-from graphsync.exchange.views import view
+from graphsync.exchange.views import sum_view, view
 from graphsync.graph.tf_private import FastOps, pristine_scope
 
 
@@ -34,7 +34,7 @@ class AllReduce:
         self.scale = process_group.tasks if process_group else 1
         self.timeout = process_group.timeout if process_group else 0.0
 
-    def _reduce(self, graph, sites, packed, name):
+    def _reduce(self, graph, sites, packed, name, merge="Add"):
         """All-reduces each tower's packed vector. Returns, per tower, the reduced vector and what
         its first reader must wait for: one NoOp (on the group's first device) after every
         collective of the group, so fetching one tower's result never leaves another tower's
@@ -48,7 +48,7 @@ class AllReduce:
             for i in members:
                 with pristine_scope(graph, sites[i].device, f"{sites[i].op.name}_sync/{name}"):
                     reduced[i] = all_reduce(packed[i], len(members) * self.scale, self.group_keys[g], instance,
-                                            ops=self.ops, timeout=self.timeout)
+                                            ops=self.ops, timeout=self.timeout, merge=merge)
             first = sites[members[0]]
             with pristine_scope(graph, first.device, f"{first.op.name}_sync/{name}"), \
                     graph.control_dependencies([reduced[i].op for i in members]):
@@ -96,6 +96,36 @@ class AllReduce:
     def sums(self, graph, layer, sites, values, tag, finish=None) -> list[list]:
         """Cross-tower sums of each tower's values, passed through `finish(sums, tower index, ops)`
         on each tower's device when given. Values of one shape and dtype travel stacked."""
+        return [totals for totals, _ in self._sums(graph, layer, sites, values, tag, finish)]
+
+    def shared_sums(self, graph, layer, sites, values, tag="forward") -> list[list]:
+        """`sums` whose first total reaches each tower through a view (graphsync/exchange/views.py):
+        its gradient, built later, all-reduces the towers' at run time; the other totals are
+        constants to the gradients (counts)."""
+        out = []
+        for i, (totals, (g, instance)) in enumerate(self._sums(graph, layer, sites, values, tag)):
+            shared = sum_view(graph, sites[i], totals[0], values[i][0], members=len(self.groups[g]) * self.scale,
+                              group_key=self.group_keys[g], instance_key=instance,
+                              timeout_ms=round(self.timeout * 1000))
+            with pristine_scope(graph, sites[i].device, f"{sites[i].op.name}_sync/unpack_{tag}"):
+                out.append([shared] + [tf.stop_gradient(t) for t in totals[1:]])
+        return out
+
+    def extrema(self, graph, layer, sites, values, kind, tag="forward_extremum") -> list[tuple]:
+        """Per tower: (the elementwise `kind` ("Max" or "Min") of every tower's value, the keys of
+        a view of it, graphsync/exchange/views.py)."""
+        out = []
+        for i, (vector, peers, g, instance) in enumerate(self._reduce(graph, sites, list(values), tag, merge=kind)):
+            with pristine_scope(graph, sites[i].device, f"{sites[i].op.name}_sync/{tag}"), \
+                    graph.control_dependencies(peers):
+                total = tf.identity(vector, name="extremum")
+            total.set_shape(values[i].shape)
+            out.append((total, dict(members=len(self.groups[g]) * self.scale, group_key=self.group_keys[g],
+                                    instance_key=instance, timeout_ms=round(self.timeout * 1000))))
+        return out
+
+    def _sums(self, graph, layer, sites, values, tag, finish=None) -> list[tuple]:
+        """Per tower: (its totals, (its sync group, the collective's instance key))."""
         ops, packed, layouts = self.ops, [], []
         for site, vals in zip(sites, values):
             stackable = all(v.dtype == vals[0].dtype and v.shape.is_fully_defined() and v.shape == vals[0].shape
@@ -109,7 +139,7 @@ class AllReduce:
                     packed.append(tf.concat([tf.reshape(tf.cast(v, dtype), [-1]) for v in vals], 0))
                     layouts.append([(_shape_of(v), tf.size(v), v.dtype) for v in vals])
         out = []
-        for i, (site, vals, (vector, peers, _, _), layout) in enumerate(zip(sites, values, self._reduce(
+        for i, (site, vals, (vector, peers, g, instance), layout) in enumerate(zip(sites, values, self._reduce(
                 graph, sites, packed, tag), layouts)):
             with pristine_scope(graph, site.device, f"{site.op.name}_sync/unpack_{tag}"), \
                     graph.control_dependencies(peers):
@@ -119,7 +149,7 @@ class AllReduce:
                     pieces = tf.split(vector, [size for _, size, _ in layout])
                     totals = [tf.cast(tf.reshape(p, shape), dt) for p, (shape, _, dt) in zip(pieces, layout)]
             with pristine_scope(graph, site.device, f"{site.op.name}_sync/unpack_{tag}"):
-                out.append(finish(list(totals), i, ops) if finish is not None else list(totals))
+                out.append((finish(list(totals), i, ops) if finish is not None else list(totals), (g, instance)))
         return out
 
 

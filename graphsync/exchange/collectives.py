@@ -69,17 +69,19 @@ def backward_key(graph, forward_key: int, k) -> int:
 
 
 def all_reduce(x: tf.Tensor, group_size: int, group_key: int, instance_key: int, name=None, ops=None,
-               timeout: float = 0.0) -> tf.Tensor:
-    """Sum of x over the group, with a gradient that all-reduces the incoming gradient; fails with
+               timeout: float = 0.0, merge: str = "Add") -> tf.Tensor:
+    """Sum of x over the group (or with `merge` "Max" or "Min" the extremum, which nothing
+    differentiates), with a gradient that all-reduces the incoming gradient; fails with
     DeadlineExceeded after `timeout` seconds without all peers (0: waits forever). `ops` (a
     FastOps) shares the key constants across layers."""
     constant = ops.constant if ops is not None else (lambda value, dtype: tf.constant(value, dtype))
     keys = [constant(value, tf.int32) for value in (group_size, group_key, instance_key)]
     attrs = {"T": attr_value_pb2.AttrValue(type=x.dtype.as_datatype_enum),
-             "merge_op": attr_value_pb2.AttrValue(s=b"Add"), "final_op": attr_value_pb2.AttrValue(s=b"Id"),
+             "merge_op": attr_value_pb2.AttrValue(s=merge.encode()), "final_op": attr_value_pb2.AttrValue(s=b"Id"),
              "Nordering_token": attr_value_pb2.AttrValue(i=0),
-             "timeout_seconds": attr_value_pb2.AttrValue(f=float(timeout)),
-             "_gradient_op_type": attr_value_pb2.AttrValue(s=ALLREDUCE_GRADIENT.encode())}
+             "timeout_seconds": attr_value_pb2.AttrValue(f=float(timeout))}
+    if merge == "Add":   # an extremum's all-reduce has no gradient: graphsync/splice/reduction.py builds its own
+        attrs["_gradient_op_type"] = attr_value_pb2.AttrValue(s=ALLREDUCE_GRADIENT.encode())
     return create_op(x.graph, "CollectiveReduceV2", [x] + keys, attrs, name or "CollectiveReduceV2").outputs[0]
 
 

@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from graphsync import stats
 from graphsync.exchange.values import Synchronized
-from graphsync.exchange.views import view
+from graphsync.exchange.views import sum_view, view
 from graphsync.graph.tf_private import FastOps, pristine_scope
 
 AGGREGATION_SCOPE = "graphsync"
@@ -56,4 +56,28 @@ class Gather:
                     totals = finish(totals, members[0], self.ops)
             for i in members:
                 out[i] = totals
+        return out
+
+    def shared_sums(self, graph, layer, sites, values, tag="forward") -> list[list]:
+        """`sums` whose first total reaches each tower through a view (graphsync/exchange/views.py):
+        its gradient, built later, sums the towers' at run time; the other totals are constants
+        to the gradients (counts)."""
+        out = self.sums(graph, layer, sites, values, tag)
+        for members in self.groups:
+            for member, i in enumerate(members):
+                shared = sum_view(graph, sites[i], out[i][0], values[i][0], members=len(members), member=member)
+                with pristine_scope(graph, sites[i].device, sites[i].op.name + "_sync"):
+                    out[i] = [shared] + [tf.stop_gradient(t) for t in out[i][1:]]
+        return out
+
+    def extrema(self, graph, layer, sites, values, kind, tag="forward_extremum") -> list[tuple]:
+        """Per tower: (the elementwise `kind` ("Max" or "Min") of every tower's value, the keys of
+        a view of it, graphsync/exchange/views.py)."""
+        out = [None] * len(sites)
+        reduce = tf.reduce_max if kind == "Max" else tf.reduce_min
+        for g, members in enumerate(self.groups):
+            with pristine_scope(graph, self.device, self._scope(layer, tag, g)):
+                total = reduce(tf.stack([values[i] for i in members]), 0, name="extremum")
+            for member, i in enumerate(members):
+                out[i] = (total, dict(members=len(members), member=member))
         return out

@@ -27,6 +27,8 @@ from graphsync.graph.tf_private import create_op, pristine_scope, update_input
 
 UPLOAD_GRADIENT = "GraphsyncStatisticsUpload"
 VIEW_GRADIENT = "GraphsyncStatisticsView"
+SUM_VIEW_GRADIENT = "GraphsyncSumView"              # these three in graphsync.match.batch_axis.GRAPHSYNC_VIEWS
+EXTREMUM_VIEW_GRADIENT = "GraphsyncExtremumView"
 MISSING_TOWER = ("graphsync: a synchronized layer's gradient was built for only some towers of its sync "
                  "group; differentiate every tower's loss (one tf.gradients per tower, or one over their sum)")
 
@@ -54,6 +56,53 @@ def view(graph, site, s: Synchronized, upload, spread: str, factor=None, **keys)
     return Synchronized(s.count, s.total, view.outputs[0], view.outputs[1], bessel)
 
 
+
+
+def sum_view(graph, site, total: tf.Tensor, local: tf.Tensor, **keys) -> tf.Tensor:
+    """Tower `site`'s copy of a cross-tower sum `total` of the towers' `local` values, through an
+    IdentityN whose gradient (`_sum_view_gradient`) hands `local` the towers' summed gradients at
+    `total`, at run time; `keys` as for `view`."""
+    attrs = {"T": attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(
+                 type=[t.dtype.as_datatype_enum for t in (total, local)])),
+             "_gradient_op_type": attr_value_pb2.AttrValue(s=SUM_VIEW_GRADIENT.encode())}
+    attrs.update({f"_graphsync_{name}": attr_value_pb2.AttrValue(i=int(value)) for name, value in keys.items()})
+    with pristine_scope(graph, site.device, site.op.name + "_sync"):
+        return create_op(graph, "IdentityN", [total, local], attrs, "sum").outputs[0]
+
+
+@tf.RegisterGradient(SUM_VIEW_GRADIENT)
+def _sum_view_gradient(op, d_total, *_unused):
+    """∂/∂local_t = Σ_s (gradient at tower s's copy of the total): the total is Σ_t local_t."""
+    graph = op.graph
+    with pristine_scope(graph, op.device, graph.get_name_scope()):
+        d_total = tf.zeros_like(op.inputs[0]) if d_total is None else d_total
+        return [None, summed_gradient(op, d_total, differentiation(op))]
+
+
+def extremum_view(graph, site, extremum: tf.Tensor, x: tf.Tensor, ties: tf.Tensor, **keys) -> tf.Tensor:
+    """Tower `site`'s copy of the extremum over every tower's `x` (kept dimensions), through an
+    IdentityN whose gradient (`_extremum_view_gradient`) hands x the towers' summed gradients at
+    the extremum, split among the `ties` elements of all towers equal to it; `keys` as for `view`."""
+    inputs = [extremum, x, ties]
+    attrs = {"T": attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(
+                 type=[t.dtype.as_datatype_enum for t in inputs])),
+             "_gradient_op_type": attr_value_pb2.AttrValue(s=EXTREMUM_VIEW_GRADIENT.encode())}
+    attrs.update({f"_graphsync_{name}": attr_value_pb2.AttrValue(i=int(value)) for name, value in keys.items()})
+    with pristine_scope(graph, site.device, site.op.name + "_sync"):
+        return create_op(graph, "IdentityN", inputs, attrs, "extremum").outputs[0]
+
+
+@tf.RegisterGradient(EXTREMUM_VIEW_GRADIENT)
+def _extremum_view_gradient(op, d_extremum, *_unused):
+    """∂/∂x = [x = extremum]·Σ_s g_s / ties, TensorFlow's gradient of Max and Min on the
+    concatenated batch (the gradient shared among every tower's elements equal to it)."""
+    graph = op.graph
+    extremum, x, ties = op.inputs
+    with pristine_scope(graph, op.device, graph.get_name_scope()):
+        d_extremum = tf.zeros_like(extremum) if d_extremum is None else d_extremum
+        summed = summed_gradient(op, d_extremum, differentiation(op))
+        chosen = tf.cast(tf.equal(x, extremum), x.dtype)
+        return [None, chosen * tf.math.divide_no_nan(summed, ties), None]
 
 
 @tf.RegisterGradient(VIEW_GRADIENT)

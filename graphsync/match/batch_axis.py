@@ -542,6 +542,9 @@ STATISTIC, TERMINAL, GHOST, ORDER = "statistic", "terminal", "ghost", "order"
 
 SYNCHRONIZED = "synchronized"
 _MERGES = ("Collective", "Nccl")
+# The gradient names of graphsync's statistics views (graphsync/exchange/views.py): a tower's own
+# statistics enter them beside the merged ones, so a view combines the tower with the others.
+GRAPHSYNC_VIEWS = ("GraphsyncStatisticsView", "GraphsyncSumView", "GraphsyncExtremumView")
 
 
 def verdict(analysis: Analysis, crossed: CrossOp, tower_of=None, skip=frozenset(), budget: int = 4000) -> tuple:
@@ -594,11 +597,20 @@ def _flows_back(analysis: Analysis, op: tf.Operation, tower_of, skip, budget):
 
 
 def _is_merge(op, tower_of) -> bool:
-    if op.type.startswith(_MERGES):
+    if op.type.startswith(_MERGES) or _is_view(op):
         return True
     if tower_of is None or len(op.inputs) < 2:
         return False
     return len({tower_of(t.op) for t in op.inputs} - {None}) >= 2
+
+
+def _is_view(op) -> bool:
+    if op.type != "IdentityN":
+        return False
+    try:
+        return op.get_attr("_gradient_op_type").decode() in GRAPHSYNC_VIEWS
+    except ValueError:
+        return False
 
 
 def _times_zero(op) -> bool:

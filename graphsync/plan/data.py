@@ -47,6 +47,20 @@ class MomentsGrad:
 
 
 @dataclasses.dataclass(frozen=True)
+class ReductionGrad:
+    """One gradient call through a synchronized reduction (graphsync/plan/reductions.py): the
+    gradient arriving at its output and the ops of its gradient function that read it; for a Max
+    or Min, also how many elements its gradient function found equal to the extremum (`ties`), and
+    the ops that divide by it."""
+
+    call: str
+    entry: tf.Tensor
+    readers: tuple
+    ties: tf.Tensor | None = None
+    ties_readers: tuple = ()
+
+
+@dataclasses.dataclass(frozen=True)
 class LayerPlan:
     """One layer to synchronize: the same op in every tower, and its common attributes."""
 

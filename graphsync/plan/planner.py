@@ -15,7 +15,7 @@ from graphsync.errors import GraphsyncError, NoTowersError
 from graphsync.graph import order, shapes, tf_private
 from graphsync.match import hidden
 from graphsync.match.candidate import MomentsParts
-from graphsync.plan import rule, shared_tasks, training_flag
+from graphsync.plan import reductions, rule, shared_tasks, training_flag
 from graphsync.plan.data import LayerPlan, MomentsGrad, Plan, Site
 from graphsync.stats import Layout
 from graphsync.towers import names as tower_names
@@ -31,6 +31,7 @@ def make_plan(graph: tf.Graph, towers=None, device: str | None = None, *, strate
     covered = rule.covered_ops(graph, plan.layers, candidates)
     rows, analysis = rule.verdicts(graph, plan.towers, towers is not None, covered)
     if not plan.calls:   # else planned again once the calls are inlined
+        plan, rows, covered = _with_reductions(graph, plan, rows, analysis, covered, towers is not None)
         rule.refuse(rows)
     plan = dataclasses.replace(plan, cross_example=rows, covered=covered,
                                trace_ended=tuple((op.name, why) for op, why in analysis.ended))
@@ -47,6 +48,24 @@ def make_plan(graph: tf.Graph, towers=None, device: str | None = None, *, strate
     if strategy == "allreduce":
         _check_own_devices(plan)
     return plan
+
+
+def _with_reductions(graph: tf.Graph, plan: Plan, rows, analysis, covered: dict, explicit: bool):
+    """The plan with a "reduction" layer for every Sum or Mean the rule refused that can be summed
+    over the towers (graphsync/plan/reductions.py), and the verdicts and covered ops with them."""
+    if not any(r.verdict == "refused" and r.type in reductions.TYPES for r in rows):
+        return plan, rows, covered
+    towers = list(plan.towers) if plan.layers else \
+        [Tower(i, t.prefix) for i, t in enumerate(rule.rule_towers(analysis, plan.towers, explicit))]
+    layers = reductions.layer_plans(graph, rows, analysis, towers)
+    if not layers:
+        return plan, rows, covered
+    covered = {**covered, **{site.op: rule.REDUCTION for layer in layers for site in layer.sites}}
+    rows, _ = rule.verdicts(graph, towers, explicit, covered, analysis=analysis)
+    plan = dataclasses.replace(plan, towers=tuple(towers), layers=plan.layers + tuple(layers),
+                               device=plan.device or default_device(layers[0].sites[0].op),
+                               found_by=plan.found_by or ("towers= option" if explicit else known_convention(towers)))
+    return plan, rows, covered
 
 
 def _check_own_devices(plan: Plan) -> None:

@@ -2,7 +2,8 @@
 gets a verdict, and a batch statistic the plan does not synchronize is refused, in one line, before
 the first edit; after the rewrite the same analysis runs again on the result (`check_rewritten`).
 
-    synchronized  a batch-norm form of graphsync/match/ synchronizes it (or its value is merged across towers)
+    synchronized  a batch-norm form of graphsync/match/ synchronizes it, or it is a Sum or Mean the plan
+                  sums over every tower's (graphsync/plan/reductions.py), or its value is merged across towers
     terminal      it only reaches losses, metrics, summaries, variable updates: per tower, as one expects
     ghost         a reduction over part of the batch (virtual batches): per tower by design
     per tower     a form graphsync keeps per tower and says so (weights per channel)
@@ -21,6 +22,9 @@ from graphsync.match.candidate import MomentsParts, PerTower
 from graphsync.match.fused import made_by_graphsync
 from graphsync.match.reductions import statistics_ops
 from graphsync.towers.scopes import ROOT, find_towers, tower_of
+
+
+REDUCTION = "reduction"   # covered_ops' mark of a reduction the plan sums over the towers (plan/reductions.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +81,10 @@ def verdicts(graph: tf.Graph, towers, explicit: bool, covered: dict, analysis=No
             continue
         if op in covered:
             kind = covered[op]
+            if kind == REDUCTION:
+                rows.append(Verdict(op.name, op.type, where and where.label, "synchronized",
+                                    "a reduction graphsync computes over every tower's examples"))
+                continue
             rows.append(Verdict(op.name, op.type, where and where.label,
                                 "synchronized" if kind == batch_axis.SYNCHRONIZED else "per tower",
                                 "a batch norm graphsync synchronizes" if kind == batch_axis.SYNCHRONIZED
@@ -90,6 +98,11 @@ def verdicts(graph: tf.Graph, towers, explicit: bool, covered: dict, analysis=No
         rows.append(Verdict(op.name, op.type, where and where.label, verdict, why))
     created = {op.name: tf_private.creation_order(op) for op in analysis.cross}   # the graph's op order
     return tuple(sorted(rows, key=lambda r: created.get(r.op, 0))), analysis
+
+
+def rule_towers(analysis, towers, explicit) -> list:
+    """The towers the verdicts are given in (see `verdicts`), root left out unless `explicit`."""
+    return [t for t in _towers(analysis, towers, explicit) if explicit or t.prefix != ROOT]
 
 
 def _towers(analysis, towers, explicit):

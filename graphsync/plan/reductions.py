@@ -1,0 +1,119 @@
+"""Batch statistics the rule finds (graphsync/plan/rule.py) and no form of graphsync/match/ covers,
+planned as "reduction" layers: a `Sum` or `Mean` over all of a tower's batch axes, whose value
+flows back into the model, becomes the sum over every tower's `Sum` (a `Mean`: divided by every
+tower's count), a `Max` or `Min` the extremum over every tower's, forward and backward
+(graphsync/splice/reduction.py).
+
+The same reduction is paired across towers as batch norms are, by its name without the tower
+prefix (graphsync/towers/names.py). A reduction that cannot be synchronized this way keeps its
+verdict "refused": `Prod` and the other reductions, contractions (MatMul over the
+batch), reductions over computed axes or of unknown rank, integer or half-precision ones,
+reductions under control flow, and one some tower lacks or spells differently.
+"""
+from __future__ import annotations
+
+import tensorflow as tf
+
+from graphsync import match
+from graphsync.errors import GraphsyncError
+from graphsync.graph import tf_private
+from graphsync.match.reductions import const_axes
+from graphsync.plan.data import LayerPlan, ReductionGrad, Site
+from graphsync.stats import Layout
+from graphsync.towers import names as tower_names
+from graphsync.towers.scopes import tower_of
+
+TYPES = ("Sum", "Mean", "Max", "Min")
+EXTREMA = ("Max", "Min")
+_DTYPES = (tf.float32, tf.float64)
+
+
+def layer_plans(graph: tf.Graph, rows, analysis, towers) -> list[LayerPlan]:
+    """One LayerPlan per reduction refused in `rows` (rule.verdicts) that every tower of `towers`
+    computes alike and that can be synchronized; the others stay refused."""
+    ops = [graph.get_operation_by_name(r.op) for r in rows if r.verdict == "refused" and r.type in TYPES]
+    ops = [op for op in ops if synchronizable(op, analysis)]
+    if not ops or len(towers) < 2:
+        return []
+    per_tower: dict = {}
+    for op in ops:
+        tower = tower_of(op.name, towers)
+        if tower is not None:
+            per_tower.setdefault(tower, []).append((op.name[len(tower.prefix):], tf_private.creation_order(op), op))
+    scopes = match.gradient_scopes(graph)
+    layers = []
+    for name, by_tower in sorted(tower_names.pair_by_name(per_tower).items()):
+        if any(t not in by_tower for t in towers):
+            continue   # a tower lacks it: refused, by its name
+        sites = [(t, by_tower[t]) for t in towers]
+        if len({_signature(op) for _, op in sites}) > 1:
+            continue   # spelled differently in some tower: refused
+        layer = _layer_plan(name, sites, scopes)
+        if layer is not None:
+            layers.append(layer)
+    return layers
+
+
+def synchronizable(op: tf.Operation, analysis) -> bool:
+    """Whether the splice can synchronize `op`: a full reduction over the batch (not ghost), of a
+    float32/64 tensor of known rank over constant axes, outside control flow."""
+    crossed = analysis.cross.get(op)
+    if crossed is None or crossed.how != "reduce" or crossed.partial or op.type not in TYPES:
+        return False
+    x = op.inputs[0]
+    if x.dtype.base_dtype not in _DTYPES or x.shape.rank is None or x.shape.rank == 0:
+        return False
+    axes = const_axes(op.inputs[1], x.shape.rank)
+    return bool(axes) and tf_private.control_flow_context(op) is None
+
+
+def _signature(op: tf.Operation) -> tuple:
+    x = op.inputs[0]
+    return (op.type, x.dtype.name, x.shape.rank, const_axes(op.inputs[1], x.shape.rank),
+            bool(op.get_attr("keep_dims")))
+
+
+def _layer_plan(name: str, sites, scopes) -> LayerPlan | None:
+    first = sites[0][1]
+    rank = first.inputs[0].shape.rank
+    grads = [_grads(op, scopes) for _, op in sites]
+    if any(g is None for g in grads):
+        return None   # a Max/Min gradient whose count of ties cannot be found: refused
+    planned = tuple(Site(t, op, tuple(g)) for (t, op), g in zip(sites, grads))
+    counts = {s.tower.label: len(s.grad_ops) for s in planned}
+    if len(set(counts.values())) > 1:
+        raise GraphsyncError(
+            f"reduction {name!r} ({first.name}) has a different number of gradient calls per tower ({counts}): "
+            "build gradients for every tower, or rewrite before building them")
+    return LayerPlan(name, "reduction", planned, Layout(rank, const_axes(first.inputs[1], rank)), 0.0, 1.0)
+
+
+def _grads(op: tf.Operation, scopes) -> list[ReductionGrad] | None:
+    """The gradient calls through `op`, by the scopes tf.gradients names after it (None: a Max or
+    Min whose gradient function does not count its ties as TensorFlow's does)."""
+    grads = []
+    for call, ops in sorted(scopes.get(op.name, {}).items()):
+        entry = match.gradient_entry(ops, list(op.inputs) + list(op.outputs))
+        if entry is None:
+            raise GraphsyncError(f"cannot tell which tensor is the incoming gradient of {op.name} in {call}/: "
+                                 "rewrite before building the gradients")
+        readers = tuple(o for o in ops if any(t is entry for t in o.inputs))
+        if op.type in EXTREMA:
+            ties = _ties(ops)
+            if ties is None:
+                return None
+            grads.append(ReductionGrad(call, entry, readers, ties, tuple(c for c in ties.consumers() if c in ops)))
+        else:
+            grads.append(ReductionGrad(call, entry, readers))
+    return grads
+
+
+def _ties(ops) -> tf.Tensor | None:
+    """In the ops of a Max or Min gradient function, the number of elements equal to the extremum
+    it divides by: Sum(Cast(Equal(y, x))), reshaped to the kept dimensions."""
+    members = set(ops)
+    for op in ops:
+        if op.type == "Sum" and op.inputs[0].op.type == "Cast" and op.inputs[0].op.inputs[0].op.type == "Equal":
+            reshaped = [c for c in op.outputs[0].consumers() if c in members and c.type == "Reshape"]
+            return reshaped[0].outputs[0] if len(reshaped) == 1 else op.outputs[0]
+    return None

@@ -1,0 +1,247 @@
+"""Reductions the rule finds and no form covers (graphsync/plan/reductions.py, splice/reduction.py):
+one training step of the rewritten graph equals the single-device step on the concatenated batch —
+outputs, per-tower losses, gradients, updated variables — and the un-rewritten graph does not
+(off by more than 3× the tolerance). Three uneven towers; gradients built before and after the
+rewrite; gather and all-reduce; float32 and float64.
+
+Tolerances from towerlib.tolerance: 4× the distance between two one-device runs of the batch in
+different orders (float32), at least 2·u·√n (float64: that bound alone, 4e-15; measured ≤ 1e-15,
+float32 ≤ 2e-6). Un-rewritten errors are 0.05 and more. Measured errors are printed by `-s`.
+"""
+import functools
+import itertools
+import warnings
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import graphsync
+import towerlib as tl
+
+tf1 = tf.compat.v1
+BATCHES = (2, 3, 4)
+EPSILON = 1e-3
+WIDTH = 5
+
+
+def _variable(name, shape, dtype, low=0.5, high=1.5):
+    return tf1.get_variable(name, shape, dtype, tf1.random_uniform_initializer(low, high, seed=len(name)))
+
+
+def _conv(h, name, channels=4):
+    w = tf1.get_variable(name, [3, 3, h.shape[-1], channels], h.dtype,
+                         tf1.random_normal_initializer(stddev=0.3, seed=len(name)))
+    return tf.nn.conv2d(h, w, 1, "SAME")
+
+
+def _affine(h, name):
+    return h * _variable(name + "_gamma", [h.shape[-1]], h.dtype) + _variable(name + "_beta", [h.shape[-1]], h.dtype,
+                                                                                -0.5, 0.5)
+
+
+def _mask(h):   # per pixel (or step), computed in the tower from the data: it differs between towers
+    return tf.cast(h[..., :1] > -0.5, h.dtype)
+
+
+def _evonorm_b0(h):
+    """EvoNorm-B0: x / max(√(batch variance + ε), v·x + instance std), then γ, β."""
+    batch_variance = tf.math.reduce_variance(h, [0, 1, 2], keepdims=True)
+    instance_std = tf.sqrt(tf.math.reduce_variance(h, [1, 2], keepdims=True) + EPSILON)
+    v = _variable("evonorm_v", [h.shape[-1]], h.dtype)
+    return _affine(h / tf.maximum(tf.sqrt(batch_variance + EPSILON), v * h + instance_std), "evonorm")
+
+
+def _weighted_folded(h):
+    mean, variance = tf.nn.weighted_moments(h, [0, 1, 2], _mask(h))   # static shapes: zeros_like is a Const
+    return _affine((h - mean) * tf.math.rsqrt(variance + EPSILON), "weighted")
+
+
+def _sums(h):
+    """A Sum over the batch axis alone (keep_dims) and a Mean over the batch and one more axis."""
+    h = h * tf.math.rsqrt(tf.reduce_sum(tf.square(h), [0], keepdims=True) + 1.0)
+    return h - tf.reduce_mean(h, [0, 1])
+
+
+def _min_max_scaling(h):
+    """(h − min) / (max − min + 1) over the batch: the extremum's gradient goes to the elements
+    equal to it, split among all towers' ties (duplicated examples make some, see _reference)."""
+    low = tf.reduce_min(h, [0, 1, 2])
+    return _affine((h - low) / (tf.reduce_max(h, [0, 1], keepdims=True) - low + 1.0), "bn")
+
+
+FORMS = {   # name: h -> normalized h, written as users write them
+    "reduce_variance": lambda h: _affine(h * tf.math.rsqrt(tf.math.reduce_variance(h, [0, 1, 2]) + EPSILON), "bn"),
+    "reduce_std": lambda h: _affine(h / (tf.math.reduce_std(h, [0, 1, 2]) + EPSILON), "bn"),
+    "mean_only": lambda h: _affine(h - tf.reduce_mean(h, [0, 1, 2]), "bn"),
+    "sum_and_partial_mean": _sums,
+    "weighted_folded": _weighted_folded,
+    "evonorm_b0": _evonorm_b0,
+    "min_max_scaling": _min_max_scaling,
+    "masked_sequence": None,   # [N, T, C] with a mask per step: _sequence_model
+}
+STATIC = ("weighted_folded",)   # built with static batch sizes per tower (the rest: dynamic)
+CASES = [  # gradients, strategy, dtype
+    ("after", "gather", tf.float64),
+    ("before", "allreduce", tf.float64),
+    ("before-sum", "gather", tf.float32),
+    ("after", "allreduce", tf.float32),
+]
+IMAGE, SEQUENCE = (6, 6, 3), (5, 3)
+
+
+def _image_model(form, sizes):
+    sizes = iter(sizes)
+
+    def model(x):
+        if form in STATIC:
+            x = tf.ensure_shape(x, [next(sizes)] + x.shape.as_list()[1:])
+        h = FORMS[form](_conv(x, "c1"))
+        return tf.reduce_mean(_conv(tf.nn.relu(h), "c2", WIDTH), [1, 2]), []
+    return model
+
+
+def _dense(h, name, width):
+    w = tf1.get_variable(name, [h.shape[-1], width], h.dtype, tf1.random_normal_initializer(stddev=0.5, seed=len(name)))
+    return tf.matmul(h, w)
+
+
+def _sequence_model(form, sizes):
+    def model(x):
+        """Masked batch norm over examples and steps: mean Σ(h·m)/Σm, variance Σ((h − mean)²·m)/Σm."""
+        h = _dense(x, "w1", 4)
+        mask = _mask(x)
+        count = tf.reduce_sum(mask, [0, 1])
+        mean = tf.reduce_sum(h * mask, [0, 1]) / count
+        variance = tf.reduce_sum(tf.square(h - mean) * mask, [0, 1]) / count
+        h = _affine((h - mean) * tf.math.rsqrt(variance + EPSILON), "bn") * mask
+        return tf.reduce_mean(_dense(tf.nn.relu(h), "w2", WIDTH), [1]), []
+    return model
+
+
+def _model(form, sizes):
+    return (_sequence_model if form == "masked_sequence" else _image_model)(form, sizes)
+
+
+def _shape(form):
+    return SEQUENCE if form == "masked_sequence" else IMAGE
+
+
+@functools.lru_cache(maxsize=None)
+def _reference(form, dtype):
+    """(x, t), one device's step, and the tolerance (from one device's step on reordered examples)."""
+    x, t = tl.data(list(BATCHES), _shape(form), (WIDTH,), dtype=dtype.as_numpy_dtype)
+    if form == "min_max_scaling":   # tower 1 repeats tower 0's examples: extrema tie across towers
+        x[BATCHES[0]:2 * BATCHES[0]] = x[:BATCHES[0]]
+    kw = dict(dtype=dtype, input_shape=_shape(form))
+    ref = tl.reference_step(_model(form, [sum(BATCHES)]), list(BATCHES), x, t, **kw)
+    noise = 0.0   # float64: 2·u·√n bounds it (measured reorderings ≤ 1e-16), one run spared per form
+    if dtype != tf.float64:
+        again = tl.reordered_reference_step(_model(form, [sum(BATCHES)]), list(BATCHES), x, t, **kw)
+        noise = max(tl.max_rel_error(again[k], ref[k]) for k in ("output", "loss", "grads", "variables"))
+    return (x, t), ref, tl.tolerance(dtype, noise, sum(BATCHES) * int(np.prod(_shape(form)[:-1])))
+
+
+def _errors(form, gradients, strategy, dtype, rewrite=True, batches=BATCHES):
+    (x, t), ref, _ = _reference(form, dtype)
+    reports = []
+    fn = (lambda g: reports.append(graphsync.rewrite_towers(g, strategy=strategy))) if rewrite else None
+    built = tl.build(_model(form, batches), list(batches), gradients=gradients, rewrite=fn, dtype=dtype,
+                     input_shape=_shape(form))
+    got = tl.run_step(built, x, t, list(batches))
+    return {k: tl.max_rel_error(got[k], ref[k]) for k in ("output", "loss", "grads", "variables")}, reports, built
+
+
+@functools.lru_cache(maxsize=None)
+def _synchronized(form, gradients, strategy, dtype):
+    errors, reports, _ = _errors(form, gradients, strategy, dtype)
+    return errors, reports
+
+
+@functools.lru_cache(maxsize=None)
+def _unsynchronized(form, dtype):
+    return _errors(form, "after", "gather", dtype, rewrite=False)[0]
+
+
+@pytest.mark.parametrize("form,gradients,strategy,dtype", [(f, *c) for f, c in itertools.product(FORMS, CASES)],
+                         ids=[f"{f}-{g}-{s}-{d.name}" for f, (g, s, d) in itertools.product(FORMS, CASES)])
+def test_step_equals_single_device_reference(form, gradients, strategy, dtype):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", graphsync.GraphsyncWarning)   # nothing left per tower
+        errors, reports = _synchronized(form, gradients, strategy, dtype)
+    tolerance = _reference(form, dtype)[2]
+    unsynchronized = _unsynchronized(form, dtype)
+    print(f"\n{form} {gradients} {strategy} {dtype.name}: tolerance {tolerance:.1e}, rewritten "
+          f"{max(errors.values()):.1e} {errors}, unrewritten {max(unsynchronized.values()):.1e}")
+    assert reports and reports[0].layers and "reduction" in {l.kind for l in reports[0].layers}, reports
+    assert max(errors.values()) < tolerance, (errors, tolerance)
+    assert unsynchronized["output"] > 3 * tolerance and unsynchronized["grads"] > 3 * tolerance, \
+        (unsynchronized, tolerance)
+
+
+@pytest.mark.parametrize("gradients,strategy", [("after", "gather"), ("before", "allreduce")])
+def test_a_tower_without_examples(gradients, strategy):
+    """Counts come from run-time shapes: a tower of 0 examples adds nothing, NaN nowhere."""
+    batches = (BATCHES[0] + BATCHES[1], 0, BATCHES[2])
+    errors, _, _ = _errors("reduce_variance", gradients, strategy, tf.float64, batches=batches)
+    del errors["loss"]   # the reference's losses are per tower of BATCHES
+    assert max(errors.values()) < _reference("reduce_variance", tf.float64)[2], errors
+
+
+def test_nested_statistics_are_spliced_inner_first():
+    """reduce_variance: the mean, then the variance of the deviations from the synchronized mean."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", graphsync.GraphsyncWarning)
+        _, reports = _synchronized("reduce_variance", "after", "gather", tf.float64)
+    assert [l.name for l in reports[0].layers] == ["reduce_variance/Mean", "reduce_variance/Mean_1"], str(reports[0])
+
+
+@pytest.mark.parametrize("form,gradients,strategy", [("mean_only", "before", "gather"),
+                                                    ("min_max_scaling", "before", "allreduce")])
+def test_second_rewrite_changes_nothing(form, gradients, strategy):
+    """Rewritten before its gradients, each tower reads its views, which the rule counts as merges."""
+    built = tl.build(_model(form, BATCHES), list(BATCHES), gradients=gradients, dtype=tf.float64,
+                     rewrite=lambda g: graphsync.rewrite_towers(g, strategy=strategy), input_shape=IMAGE)
+    before = built.graph.as_graph_def()
+    assert not graphsync.rewrite_towers(built.graph, strategy=strategy).changed
+    assert built.graph.as_graph_def() == before
+
+
+def test_a_product_over_the_batch_stays_refused():
+    """Prod is not synchronized: refused, in one line."""
+    def model(x):
+        h = _conv(x, "c1")
+        return tf.reduce_mean(_conv(h * tf.reduce_prod(tf.sigmoid(h), [0, 1, 2]), "c2", WIDTH), [1, 2]), []
+    with pytest.raises(graphsync.GraphsyncError, match=r"^tower_0/Prod \(Prod\) computes a batch statistic"):
+        tl.build(model, list(BATCHES), rewrite=graphsync.rewrite_towers)
+
+
+def _fused_and_centring(x):
+    h = _conv(x, "c1")
+    h = _conv(tf.nn.relu(h - tf.reduce_mean(h, [0, 1, 2])), "c2")
+    h = tf1.layers.batch_normalization(h, training=True, fused=True, name="bn")
+    return tf.reduce_mean(_conv(tf.nn.relu(h), "c3", WIDTH), [1, 2]), []
+
+
+@functools.lru_cache(maxsize=None)
+def _beside_reference():
+    """(x, t), one device's step, and how far the un-rewritten graph's gradients are from it."""
+    x, t = tl.data(list(BATCHES), IMAGE, (WIDTH,), dtype=np.float64)
+    ref = tl.reference_step(_fused_and_centring, list(BATCHES), x, t, dtype=tf.float64)
+    unsynchronized = tl.run_step(tl.build(_fused_and_centring, list(BATCHES), dtype=tf.float64), x, t, list(BATCHES))
+    return (x, t), ref, tl.max_rel_error(unsynchronized["grads"], ref["grads"])
+
+
+@pytest.mark.parametrize("gradients,strategy", [("after", "allreduce"), ("before", "gather")])
+def test_beside_a_recognized_batch_norm(gradients, strategy):
+    """A recognized form keeps its own path (tf.compat.v1.layers' float64 batch norm runs
+    tf.nn.moments: no fused float64 kernel); the centring beside it is a reduction layer."""
+    (x, t), ref, unsynchronized = _beside_reference()
+    reports = []
+    built = tl.build(_fused_and_centring, list(BATCHES), gradients=gradients, dtype=tf.float64,
+                     rewrite=lambda g: reports.append(graphsync.rewrite_towers(g, strategy=strategy)))
+    got = tl.run_step(built, x, t, list(BATCHES))
+    assert sorted(l.kind for l in reports[0].layers) == ["moments", "reduction"], str(reports[0])
+    errors = {k: tl.max_rel_error(got[k], ref[k]) for k in ("output", "loss", "grads", "variables")}
+    tolerance = tl.tolerance(tf.float64, 0.0, sum(BATCHES) * 36)
+    assert max(errors.values()) < tolerance and unsynchronized > 3 * tolerance, (errors, unsynchronized)

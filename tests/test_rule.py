@@ -146,7 +146,7 @@ def test_the_analysis_runs_again_after_the_rewrite():
     never covered, as a bug of the splice would leave it)."""
     graph = _static_towers("mean only")
     towers = find_towers(["tower_0/a", "tower_1/a", "tower_2/a"])
-    fake = type("Plan", (), {"towers": towers})()
+    fake = type("Plan", (), {"towers": towers, "process_group": None})()
     with pytest.raises(graphsync.GraphsyncError, match="internal: tower_0/model/Mean .* still computes"):
         rule.check_rewritten(graph, fake, {}, made_after=10 ** 9)
 
@@ -166,3 +166,27 @@ def test_reshape_rules_split_and_merge(shape, perm, expect):
     assert analysis.batch[merged.ref()] == frozenset({0})
     assert analysis.batch[split.ref()] == frozenset({0, 1})
     assert analysis.batch[moved.ref()] == frozenset({2, 0})
+
+
+@pytest.mark.parametrize("towers_per_worker", [1, 2])
+def test_between_graph_workers_refuse_what_only_one_graph_could_sum(towers_per_worker):
+    """Between-graph replication (a process group): a reduction the rule finds would be summed over
+    one graph's towers only, never the other workers', so it is refused in one line naming it, the
+    graph left alone; the batch norm beside it alone is synchronized across processes."""
+    graph = tf.Graph()
+    with graph.as_default():
+        for i in range(towers_per_worker):
+            scope = f"tower_{i}" if towers_per_worker > 1 else ""
+            with tf.device(f"/cpu:{i}"), tf1.name_scope(scope or None), \
+                    tf1.variable_scope("model", reuse=tf1.AUTO_REUSE):
+                x = tf1.placeholder(tf.float32, [3, 6, 6, 3], name="x")
+                h = tf1.layers.batch_normalization(_conv(x, "c1"), training=True, fused=True, name="bn")
+                h = _conv(FORMS["mean only"](_conv(tf.nn.relu(h), "c2")), "c3")
+                tf.gradients(tf.reduce_sum(tf.square(h)), tf1.trainable_variables())
+    before = graph.as_graph_def(add_shapes=False).SerializeToString(deterministic=True)
+    group = graphsync.ProcessGroup(2, 0)
+    with pytest.raises(graphsync.GraphsyncError, match="computes a batch statistic graphsync cannot synchronize") as err:
+        graphsync.rewrite_towers(graph, strategy="allreduce", process_group=group)
+    message = str(err.value)
+    assert "\n" not in message and "Mean" in message and "across worker processes" in message, message
+    assert graph.as_graph_def(add_shapes=False).SerializeToString(deterministic=True) == before

@@ -29,9 +29,11 @@ def make_plan(graph: tf.Graph, towers=None, device: str | None = None, *, strate
     candidates = match.candidates(graph)
     plan = _match_and_pair(graph, towers, device, process_group, candidates)
     covered = rule.covered_ops(graph, plan.layers, candidates)
-    rows, analysis = rule.verdicts(graph, plan.towers, towers is not None, covered)
+    rows, analysis = rule.verdicts(graph, plan.towers, towers is not None, covered,
+                                   processes=process_group is not None)
     if not plan.calls:   # else planned again once the calls are inlined
-        plan, rows, covered = _with_reductions(graph, plan, rows, analysis, covered, towers is not None)
+        if process_group is None:   # reductions are summed over one graph's towers, not across processes
+            plan, rows, covered = _with_reductions(graph, plan, rows, analysis, covered, towers is not None)
         rule.refuse(rows)
     plan = dataclasses.replace(plan, cross_example=rows, covered=covered,
                                trace_ended=tuple((op.name, why) for op, why in analysis.ended))

@@ -60,11 +60,15 @@ def _statistics(op, parts):
     return found
 
 
-def verdicts(graph: tf.Graph, towers, explicit: bool, covered: dict, analysis=None, skip=frozenset()) -> tuple:
+def verdicts(graph: tf.Graph, towers, explicit: bool, covered: dict, analysis=None, skip=frozenset(),
+             processes: bool = False) -> tuple:
     """Every cross-example op of `graph`'s forward, in forward order, with its verdict. `towers`:
-    the plan's; when fewer than two, the towers holding batch statistics (known names, `towers=`)."""
+    the plan's; when fewer than two, the towers holding batch statistics (known names, `towers=`).
+    `processes`: between-graph replication, where even one tower per graph has peers in the other
+    worker processes, so a batch statistic no layer synchronizes is refused there too."""
     analysis = analysis or batch_axis.analyze(graph)
-    in_towers = _towers(analysis, towers, explicit)
+    explicit = explicit or processes
+    in_towers = (list(towers) or find_towers([], [ROOT])) if processes else _towers(analysis, towers, explicit)
 
     def tower(op):
         found = tower_of(op.name, in_towers) if in_towers else None
@@ -92,9 +96,11 @@ def verdicts(graph: tf.Graph, towers, explicit: bool, covered: dict, analysis=No
             continue
         verdict, why = batch_axis.verdict(analysis, crossed, tower, skip)
         if verdict in (batch_axis.STATISTIC, batch_axis.ORDER):
-            verdict = "refused" if where is not None and len(in_towers) > 1 else "per tower"
+            verdict = "refused" if where is not None and (len(in_towers) > 1 or processes) else "per tower"
             if where is None:
                 why += " (outside the towers)"
+            elif processes:
+                why += " (across worker processes only batch-norm layers are synchronized)"
         rows.append(Verdict(op.name, op.type, where and where.label, verdict, why))
     created = {op.name: tf_private.creation_order(op) for op in analysis.cross}   # the graph's op order
     return tuple(sorted(rows, key=lambda r: created.get(r.op, 0))), analysis
@@ -130,7 +136,7 @@ def check_rewritten(graph: tf.Graph, plan, covered: dict, made_after: int) -> No
     """After the splice: the analysis again, on the result; a batch statistic still computed per
     tower (not replaced by the rewrite, not made by it) is an error naming the op."""
     made = frozenset(op for op in graph.get_operations() if tf_private.creation_order(op) > made_after)
-    rows, _ = verdicts(graph, plan.towers, False, covered, skip=made)
+    rows, _ = verdicts(graph, plan.towers, False, covered, skip=made, processes=plan.process_group is not None)
     refused = [r for r in rows if r.verdict == "refused"]
     if refused:
         raise GraphsyncError(f"internal: {refused[0].op} ({refused[0].type}) still computes a batch statistic per "

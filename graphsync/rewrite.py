@@ -90,7 +90,9 @@ def _rewrite(graph, towers, device, strategy, group_size, process_group, recompu
     if process_group is not None:
         report.fingerprints = fingerprints(plan)
     exchange = make_exchange(graph, plan.strategy, plan.device, plan.groups, process_group,
-                             digest("\n".join(report.fingerprints))) if plan.layers else None
+                             digest("\n".join(report.fingerprints)), plan.ps_tasks) if plan.layers else None
+    if plan.layers and exchange.name == "ps":
+        report.strategy, report.device = "ps", ", ".join(plan.ps_tasks)
     spliced = []
     made_after = max((tf_private.creation_order(op) for op in graph.get_operations()), default=-1)
     for layer in plan.layers:

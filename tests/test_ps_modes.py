@@ -13,6 +13,7 @@ apart (with collectives TensorFlow aborted them mid-run with `AbortedError … C
 graphsync/plan/shared_tasks.py): repeated runs never abort, two ps tasks share the queues, and a
 worker killed mid-training stops the other within 30 s, naming it.
 """
+import concurrent.futures
 import json
 import os
 import subprocess
@@ -217,3 +218,122 @@ def test_rewrite_refuses_a_step_on_another_worker_and_leaves_the_graph_alone(beh
                                                            r"/job:worker/replica:0/task:0, a training task"):
             graphsync.rewrite_towers(graph, strategy="allreduce", process_group=graphsync.ProcessGroup(2, 1))
         assert graph.as_graph_def() == before
+
+
+def test_layers_take_the_ps_tasks_in_turn():
+    graph = tf.Graph()
+    here = "/job:worker/replica:0/task:1/device:CPU:0"
+    with graph.as_default(), tf1.device(tf1.train.replica_device_setter(worker_device=here, ps_tasks=2)):
+        x = tf1.placeholder(tf.float32, [None, 6, 6, 3])
+        h = tf1.layers.batch_normalization(tf1.layers.conv2d(x, 4, 3, name="conv1"), training=True, name="bn1")
+        h = tf1.layers.batch_normalization(tf1.layers.conv2d(h, 4, 3, name="conv2"), training=True, name="bn2")
+        tf1.train.GradientDescentOptimizer(0.1).minimize(tf.reduce_sum(h))
+    report = graphsync.rewrite_towers(graph, strategy="allreduce", process_group=graphsync.ProcessGroup(2, 1))
+    assert report.device == "/job:ps/replica:0/task:0, /job:ps/replica:0/task:1", report
+    devices = {op.get_attr("shared_name").decode().split("/")[2]: op.device for op in graph.get_operations()
+               if op.type == "FIFOQueueV2"}
+    assert devices == {"bn1": "/job:ps/replica:0/task:0/device:CPU:0", "bn2": "/job:ps/replica:0/task:1/device:CPU:0"}
+
+
+CHANNELS, WORKER_SIZES = 16, [2, 3, 4]
+
+
+def _flagged_worker(index, workers, gradients):
+    """Worker `index`'s graph: x → batch norm behind a tensor training flag → Σ y·t; the global
+    step on the ps, incremented after the forward; gradients of x, γ, β built before or after the
+    rewrite. Returns (graph, feeds, fetches)."""
+    graph = tf.Graph()
+    here = f"/job:worker/replica:0/task:{index}/device:CPU:0"
+    with graph.as_default():
+        with tf1.device("/job:ps/replica:0/task:0/device:CPU:0"):
+            global_step = tf1.train.get_or_create_global_step()
+        with tf1.device(here):
+            x = tf1.placeholder(tf.float32, [None, 4, 4, CHANNELS])
+            t = tf1.placeholder(tf.float32, [None, 4, 4, CHANNELS])
+            flag = tf1.placeholder_with_default(True, [])
+            layer = tf1.layers.BatchNormalization(name="bn")
+            y = layer(x, training=flag)
+            loss = tf.reduce_sum(y * t)
+        with tf1.device("/job:ps/replica:0/task:0/device:CPU:0"), tf.control_dependencies([y]):
+            step = global_step.assign_add(1)
+
+        def grads():
+            with tf1.device(here):
+                return tf.gradients(loss, [x, layer.gamma, layer.beta])
+        built = grads() if gradients == "before" else None
+        report = graphsync.rewrite_towers(graph, strategy="allreduce",
+                                          process_group=graphsync.ProcessGroup(workers, index))
+        assert report.strategy == "ps", report
+        built = built or grads()
+        totals = {}
+        for op in graph.get_operations():   # the last add of each sum in worker order
+            if "/in_worker_order/" in op.name:
+                totals[op.name.rsplit("/", 1)[0]] = op.outputs[0]
+        init = tf1.global_variables_initializer()
+    return graph, (x, t, flag), {"y": y, "grads": built, "step": step}, totals, init
+
+
+def _flagged_data(step):
+    rng = np.random.RandomState(10 + step)
+    total = sum(WORKER_SIZES)
+    x = (rng.randn(total, 4, 4, CHANNELS) * 3 + 1 / 3 + np.linspace(-2, 2, total)[:, None, None, None])
+    return x.astype(np.float32), rng.randn(total, 4, 4, CHANNELS).astype(np.float32)
+
+
+def _flagged_reference(x, t):
+    graph = tf.Graph()
+    with graph.as_default():
+        xs, ts = tf1.placeholder(tf.float32, x.shape), tf1.placeholder(tf.float32, t.shape)
+        layer = tf1.layers.BatchNormalization(name="bn")
+        y = layer(xs, training=True)
+        grads = tf.gradients(tf.reduce_sum(y * ts), [xs, layer.gamma, layer.beta])
+        with tf1.Session(config=tf1.ConfigProto(device_count={"CPU": 1})) as sess:
+            sess.run(tf1.global_variables_initializer())
+            return sess.run({"y": y, "grads": grads}, {xs: x, ts: t})
+
+
+@pytest.mark.parametrize("gradients", ["before", "after"])
+@pytest.mark.parametrize("behaviour", ["v1", "v2"])
+def test_three_workers_agree_bit_for_bit_and_a_false_flag_skips_the_ps(behaviour, gradients):
+    """3 workers of one process (sessions on 3 worker servers and 1 ps server), a batch norm behind
+    a tensor training flag. Training: every worker's output and gradients equal one device's, and
+    their float64 totals are the same bits (summed in worker order, whatever order they came in).
+    At inference one worker runs alone: nothing waits for the others."""
+    workers = len(WORKER_SIZES)
+    spec = cl.cluster_spec({"ps": 1, "worker": workers})
+    with behaviours.behaviour(behaviour), cl.servers(spec):
+        built = [_flagged_worker(i, workers, gradients) for i in range(workers)]
+        sessions = [tf1.Session(f"grpc://{spec['worker'][i]}", graph=built[i][0]) for i in range(workers)]
+        try:
+            for sess, (*_, init) in zip(sessions, built):
+                sess.run(init)
+            x, t = _flagged_data(0)
+            starts = np.cumsum([0] + WORKER_SIZES)
+
+            def run(i, training=True):
+                _, (xs, ts, flag), fetches, totals, _ = built[i]
+                rows = slice(starts[i], starts[i + 1])
+                wanted = dict(fetches, totals=totals) if training else fetches
+                return sessions[i].run(wanted, {xs: x[rows], ts: t[rows], flag: training},
+                                       options=tf1.RunOptions(timeout_in_ms=60000))
+
+            with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+                got = list(pool.map(run, range(workers)))
+            ref = _flagged_reference(x, t)
+            for i, g in enumerate(got):
+                rows = slice(starts[i], starts[i + 1])
+                assert tl.max_rel_error(g["y"], ref["y"][rows]) < TOLERANCE
+                assert tl.max_rel_error(g["grads"][0], ref["grads"][0][rows]) < TOLERANCE
+            for k in (1, 2):   # γ, β: the workers' parts add up to one device's
+                assert tl.max_rel_error(sum(g["grads"][k] for g in got), ref["grads"][k]) < TOLERANCE
+            assert len(got[0]["totals"]) == 2, got[0]["totals"].keys()   # forward and backward
+            for g in got[1:]:
+                assert g["totals"].keys() == got[0]["totals"].keys()
+                for name, total in g["totals"].items():
+                    assert np.array_equal(total, got[0]["totals"][name]), name
+
+            alone = run(0, training=False)   # inference: no worker waits for another
+            assert np.isfinite(alone["y"]).all()
+        finally:
+            for sess in sessions:
+                sess.close()

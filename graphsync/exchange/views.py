@@ -122,7 +122,8 @@ def _summed_through_ps(op, contribution, k):
     table = _gathered_gradients.setdefault(graph, {})
     if (base, k) not in table:
         site = op.name.rsplit("_sync/", 1)[0]
-        scope = f"{site}_sync/backward_statistics_{k}"
+        key = "_".join(map(str, k)) if isinstance(k, tuple) else str(k)   # e.g. ("y", 0): the fused backward
+        scope = f"{site}_sync/backward_statistics_{key}"
         local = contribution
         if members > 1:
             with pristine_scope(graph, op.device, scope):
@@ -130,7 +131,7 @@ def _summed_through_ps(op, contribution, k):
                                   {"T": attr_value_pb2.AttrValue(type=contribution.dtype.as_datatype_enum),
                                    "N": attr_value_pb2.AttrValue(i=members)}, "sum").outputs[0]
         table[(base, k)] = (local.op if members > 1 else None,
-                            queues.summed(graph, local, f"{base}/gradient{k}", ps, worker, workers, op.device, scope))
+                            queues.summed(graph, local, f"{base}/gradient_{key}", ps, worker, workers, op.device, scope))
     local_sum, total = table[(base, k)]
     if local_sum is not None:
         update_input(local_sum, member, contribution)

@@ -45,7 +45,9 @@ def rewrite_towers(graph: tf.Graph | None = None, *, towers=None, device: str | 
     process_group: ProcessGroup(tasks, index, timeout=0) for between-graph replication (one graph
              per worker process, strategy='allreduce'); each server's config needs
              experimental.collective_group_leader. Workers whose layers differ never pair up
-             (their collectives time out after `timeout` seconds, when set). With
+             (their collectives time out after `timeout` seconds, when set). A step that also
+             runs ops on ps tasks synchronizes through queues there instead, with no collective
+             (report.strategy "ps"; graphsync/exchange/through_ps.py). With
              ProcessGroup(…, heartbeat=SECONDS) the graph's steps are watched: a lost worker ends
              this process with status 1 and one line naming it (graphsync.between_graph.watched_steps).
     recompute: the backward reads each layer's normalized output, and the activation, scale and

@@ -11,10 +11,10 @@ of their step on that task (`AbortedError: From /job:ps/replica:0/task:0: Cleanu
 such a step is synchronized through queues on those tasks instead, with no collective at all
 (graphsync/exchange/through_ps.py): `shared_tasks` names them for the planner.
 
-Refused: a step that runs ops on another *training* task (chief, master, worker). Those run
-their own steps too, and the ps exchange would have to place its queues on a task whose own step
-the exchange waits for; no graph in the wild does it, and it is refused whole, naming the task and
-one op placed there.
+Refused: a step that runs ops on another *training* task (chief, master, worker). That task runs
+synchronized steps of its own, which wait for this worker's; the exchange places its queues on ps
+tasks only, and no TF1 setup we know of places a worker's ops on another worker, so this is left
+untried and refused whole, naming the task and one op placed there.
 """
 from __future__ import annotations
 

@@ -202,10 +202,12 @@ def test_a_step_on_a_ps_sums_through_queues_there_with_no_collective(behaviour, 
         assert report.strategy == "ps" and report.device == "/job:ps/replica:0/task:0", report
         ops = graph.get_operations()
         assert not [op for op in ops if op.type.startswith("Collective")]
-        queues = [op for op in ops if op.type == "FIFOQueueV2" and op.get_attr("shared_name").startswith(b"graphsync/")]
+        queues = [op for op in ops if op.type == "FIFOQueueV2"
+                  and op.get_attr("shared_name").startswith(b"graphsync/")]
         # forward and backward, each: worker 1 → worker 0 and worker 0 → worker 1, on the ps
         assert len(queues) == 4 and {op.device for op in queues} == {"/job:ps/replica:0/task:0/device:CPU:0"}, queues
-        assert sorted(op.get_attr("shared_name").decode().rsplit("/", 1)[1] for op in queues) == ["0>1", "0>1", "1>0", "1>0"]
+        pairs = sorted(op.get_attr("shared_name").decode().rsplit("/", 1)[1] for op in queues)
+        assert pairs == ["0>1", "0>1", "1>0", "1>0"], pairs
 
 
 @pytest.mark.parametrize("behaviour", ["v1", "v2"])

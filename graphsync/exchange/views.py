@@ -38,9 +38,9 @@ def view(graph, site, s: Synchronized, upload, spread: str, factor=None, **keys)
     """Tower `site`'s statistics through an IdentityN whose gradient is `_view_gradient`; `keys`
     (ints, strings) say how its gradient finds the other towers: members and member (gather),
     members, group_key, instance_key and timeout_ms (all-reduce), or members, member, queue, ps,
-    worker and workers (through a ps, graphsync/exchange/through_ps.py). With `factor` (N/(N−1), a scalar) the tower's
-    Bessel-corrected variance is σ²·factor, computed on the tower only when something reads it,
-    its gradient reaching σ² through the Mul."""
+    worker and workers (through a ps, graphsync/exchange/through_ps.py). With `factor` (N/(N−1), a
+    scalar) the tower's Bessel-corrected variance is σ²·factor, computed on the tower only when
+    something reads it, its gradient reaching σ² through the Mul."""
     size, local_mean, local_spread, *_ = upload   # float32 uploads carry a residual too (stats.merge_moments)
     inputs = [s.mean, s.variance, s.total, size, local_mean, local_spread]   # only μ, σ², N cross devices
     attrs = {"T": attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(
@@ -130,8 +130,8 @@ def _summed_through_ps(op, contribution, k):
                 local = create_op(graph, "AddN", [_missing_tower(contribution)] * members,
                                   {"T": attr_value_pb2.AttrValue(type=contribution.dtype.as_datatype_enum),
                                    "N": attr_value_pb2.AttrValue(i=members)}, "sum").outputs[0]
-        table[(base, k)] = (local.op if members > 1 else None,
-                            queues.summed(graph, local, f"{base}/gradient_{key}", ps, worker, workers, op.device, scope))
+        summed = queues.summed(graph, local, f"{base}/gradient_{key}", ps, worker, workers, op.device, scope)
+        table[(base, k)] = (local.op if members > 1 else None, summed)
     local_sum, total = table[(base, k)]
     if local_sum is not None:
         update_input(local_sum, member, contribution)

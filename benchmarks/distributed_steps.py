@@ -6,7 +6,10 @@
       /job:worker/task:0, tower 1 on /job:worker/task:1; gather on /job:worker/task:0/cpu:0
   (c) between-graph replication: 2 worker processes, each with its own server and one one-tower graph,
       rewritten with strategy="allreduce", process_group=ProcessGroup(2, i); and with
-      ProcessGroup(2, i, timeout=300), the graph `graphsync run` builds on such a worker
+      ProcessGroup(2, i, timeout=300), the graph `graphsync run` builds on such a worker; and, with
+      a ps task in the cluster (a server process that only joins), a graph whose step reads a batch
+      norm's output on the ps, which graphsync then synchronizes through queues on the ps
+      (graphsync/exchange/through_ps.py) instead of collectives: "ps queues"
 
 Graphs are built with tests/towerlib.py `build` (the CIFAR10 pattern: per-tower gradients, summed,
 tower 0's updates) around tests/models.py `resnetish`, and rewritten after the gradients exist ((a) also
@@ -51,11 +54,20 @@ def shape(args):
     return (args.size, args.size, 3)
 
 
+PS = "/job:ps/replica:0/task:0/device:CPU:0"
+
+
 def build(args, batch_sizes, devices, strategy, *, device=None, process_group=None, scope="tower_%d",
-          gradients="after"):
+          gradients="after", touch_ps=False):
+    """touch_ps: an Identity on the ps reads the first batch norm's mean (never fetched): the step
+    uses a ps, and graphsync synchronizes it through queues there."""
     reports = []
 
     def rewrite(graph):
+        if touch_ps:
+            first = next(op for op in graph.get_operations() if op.type.startswith("FusedBatchNorm"))
+            with graph.as_default(), graph.device(PS):
+                TF.identity(first.outputs[1], name="read_on_the_ps")
         reports.append(graphsync.rewrite_towers(graph, strategy=strategy, device=device,
                                                 process_group=process_group))
     built = tl.build(model_fn(args), batch_sizes, devices=devices, scope=scope, input_shape=shape(args),
@@ -171,7 +183,10 @@ def worker_main(payload):
                                    process_group=graphsync.ProcessGroup(2, task)),
                 # what `graphsync run` builds: every collective with its peer timeout (default 300 s)
                 "allreduce, timeout": build(args, [args.batch], device, "allreduce", scope="",
-                                            process_group=graphsync.ProcessGroup(2, task, timeout=args.peer_timeout))}
+                                            process_group=graphsync.ProcessGroup(2, task, timeout=args.peer_timeout)),
+                "ps queues": build(args, [args.batch], device, "allreduce", scope="", touch_ps=True,
+                                   process_group=graphsync.ProcessGroup(2, task))}
+    assert variants["ps queues"][1].strategy == "ps", variants["ps queues"][1]
     x, t = tl.data([args.batch], shape(args), (5,), seed=task)
     sessions = {}
     per_round = {n: [] for n in variants}
@@ -197,10 +212,12 @@ def worker_main(payload):
 
 
 def setup_between_graph(args):
-    spec = cl.cluster_spec({"worker": 2})
+    spec = cl.cluster_spec({"ps": 1, "worker": 2})
     procs, results = [], []
     env = cl.env_for_children()
     env["PYTHONPATH"] = os.pathsep.join([_common.SOURCE, os.path.dirname(__file__), env["PYTHONPATH"]])
+    ps = subprocess.Popen([sys.executable, "-c", cl.SERVER, json.dumps([spec, "ps", 0, None])],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         for i in range(2):
             procs.append(subprocess.Popen(
@@ -213,7 +230,7 @@ def setup_between_graph(args):
                 raise RuntimeError(f"between-graph worker failed:\n{err[-3000:]}")
             results.append(json.loads(lines[-1][len("RESULT "):]))
     finally:
-        for proc in procs:
+        for proc in procs + [ps]:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(timeout=30)
@@ -257,7 +274,8 @@ def main(argv=None):
               "in-graph": "(b) in-graph replication over 2 server processes (tower i on /job:worker/task:i; "
                           "gather on /job:worker/task:0/cpu:0; client session on task 0)",
               "between-graph": "(c) between-graph replication: 2 worker processes, one tower each, "
-                               "allreduce with ProcessGroup(2, i) and ProcessGroup(2, i, timeout=--peer-timeout)"}
+                               "allreduce with ProcessGroup(2, i) and ProcessGroup(2, i, timeout=--peer-timeout); "
+                               "ps queues: a step that uses the ps task, synchronized through queues there"}
     for setup in args.setups:
         start = time.perf_counter()
         if setup == "local":

@@ -40,6 +40,8 @@ class RewriteReport:
     @property
     def where(self) -> str:
         """Where the aggregation runs, in words."""
+        if self.strategy == "ps":
+            return f"through queues on {self.device} across {self.process_group[0]} worker processes"
         if self.strategy == "allreduce":
             span = f" across {self.process_group[0]} worker processes" if self.process_group else ""
             return f"by all-reduce on the towers' devices{span}"

@@ -46,7 +46,9 @@ def rewrite_towers(graph: tf.Graph | None = None, *, towers=None, device: str | 
     process_group: ProcessGroup(tasks, index, timeout=0) for between-graph replication (one graph
              per worker process, strategy='allreduce'); each server's config needs
              experimental.collective_group_leader. Workers whose layers differ never pair up
-             (their collectives time out after `timeout` seconds, when set). With
+             (their collectives time out after `timeout` seconds, when set). A step that also
+             runs ops on ps tasks synchronizes through queues there instead, with no collective
+             (report.strategy "ps"; graphsync/exchange/through_ps.py). With
              ProcessGroup(…, heartbeat=SECONDS) the graph's steps are watched: a lost worker ends
              this process with status 1 and one line naming it (graphsync.between_graph.watched_steps).
     recompute: the backward reads each layer's normalized output, and the activation, scale and
@@ -91,7 +93,9 @@ def _rewrite(graph, towers, device, strategy, group_size, process_group, recompu
     if process_group is not None:
         report.fingerprints = fingerprints(plan)
     exchange = make_exchange(graph, plan.strategy, plan.device, plan.groups, process_group,
-                             digest("\n".join(report.fingerprints))) if plan.layers else None
+                             digest("\n".join(report.fingerprints)), plan.ps_tasks) if plan.layers else None
+    if plan.layers and exchange.name == "ps":
+        report.strategy, report.device = "ps", ", ".join(plan.ps_tasks)
     moving_writes = moving_updates.writes_per_layer(plan.layers)
     spliced = []
     made_after = max((tf_private.creation_order(op) for op in graph.get_operations()), default=-1)

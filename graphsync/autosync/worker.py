@@ -129,8 +129,12 @@ class BetweenGraphSync(AutoSync):
         from graphsync.errors import GraphsyncError
         task = self.server_task
         others = f"the other {task.tasks - 1} workers" if task.tasks > 2 else "the other worker"
-        self._say(f"{task.description}; its towers synchronize with {others} through collectives "
-                  f"(group leader {task.leader}, peer timeout {self.peer_timeout:g} s)")
+        if report.strategy == "ps":
+            self._say(f"{task.description}; its towers synchronize with {others} through queues on "
+                      f"{report.device}, which its step uses (peer timeout {self.peer_timeout:g} s)")
+        else:
+            self._say(f"{task.description}; its towers synchronize with {others} through collectives "
+                      f"(group leader {task.leader}, peer timeout {self.peer_timeout:g} s)")
         super().rewritten(graph, report)
         self.guard.steps.graphs.add(graph)
         try:

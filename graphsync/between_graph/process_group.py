@@ -16,7 +16,8 @@ from graphsync.errors import GraphsyncError
 @dataclasses.dataclass(frozen=True)
 class ProcessGroup:
     """Between-graph replication: this graph is task `index` of `tasks` identical worker graphs,
-    whose towers synchronize through cross-process collectives (needs strategy="allreduce").
+    whose towers synchronize through cross-process collectives (needs strategy="allreduce"), or
+    through queues on the ps tasks their step uses (graphsync/exchange/through_ps.py).
 
     timeout:   seconds each cross-process collective waits for its peers (and, with a heartbeat,
                the first meeting of the workers); 0: forever.

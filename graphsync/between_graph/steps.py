@@ -1,9 +1,10 @@
 """Which session runs of a between-graph worker are synchronized steps, and stopping them.
 
 A run is a synchronized step when something it fetches depends (through data or control edges)
-on a collective: only those wait for the other workers. Saving a checkpoint, reading a variable or
-evaluating on the worker's own graph do not, so a peer that already finished and exited never
-stops them. `Steps` counts the synchronized steps this process has started (the number a lost
+on a collective, or on a queue of the exchange through a parameter server
+(graphsync/exchange/queues.py): only those wait for the other workers. Saving a checkpoint, reading
+a variable or evaluating on the worker's own graph do not, so a peer that already finished and
+exited never stops them. `Steps` counts the synchronized steps this process has started (the number a lost
 worker's line names), knows which are running, and can cancel them by closing every session that
 ran one (TensorFlow then fails the run with CancelledError, as it does for `Session.close()`).
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 import threading
 import weakref
 
-from graphsync.graph.op_types import COLLECTIVE_TYPES
+from graphsync.graph.op_types import COLLECTIVE_TYPES, EXCHANGE_ATTR
 
 
 class Steps:
@@ -74,7 +75,7 @@ def _reaches_collective(graph, names: tuple) -> bool:
     seen, stack = set(names), [graph.get_operation_by_name(n) for n in names]
     while stack:
         op = stack.pop()
-        if op.type in COLLECTIVE_TYPES:
+        if op.type in COLLECTIVE_TYPES or (op.type.startswith("Queue") and EXCHANGE_ATTR in op.node_def.attr):
             return True
         for parent in [t.op for t in op.inputs] + list(op.control_inputs):
             if parent.name not in seen:

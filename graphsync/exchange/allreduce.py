@@ -34,7 +34,7 @@ class AllReduce:
         self.scale = process_group.tasks if process_group else 1
         self.timeout = process_group.timeout if process_group else 0.0
 
-    def _reduce(self, graph, sites, packed, name, merge="Add"):
+    def _reduce(self, graph, layer, sites, packed, name, merge="Add"):
         """All-reduces each tower's packed vector. Returns, per tower, the reduced vector and what
         its first reader must wait for: one NoOp (on the group's first device) after every
         collective of the group, so fetching one tower's result never leaves another tower's
@@ -76,8 +76,8 @@ class AllReduce:
             packed.append(vector)
             counts.append(n)
         out = []
-        reduced = self._reduce(graph, sites, packed, "forward")
-        for site, upload, (vector, peers, g, instance), n in zip(sites, uploads, reduced, counts):
+        reduced = self._reduce(graph, layer, sites, packed, "forward")
+        for i, (site, upload, (vector, peers, g, instance), n) in enumerate(zip(sites, uploads, reduced, counts)):
             like = upload[1]
             with pristine_scope(graph, site.device, site.op.name + "_sync"), graph.control_dependencies(peers):
                 total, *moments = self.ops.call(_library(_unpack_moments, spread, [vector, like]), [vector, like],
@@ -89,9 +89,13 @@ class AllReduce:
                 moments[2].set_shape([])
             s = Synchronized(n, total, moments[0], moments[1], None)
             out.append(view(graph, site, s, upload, spread, moments[2] if spread == "bessel" else None,
-                             members=len(self.groups[g]) * self.scale, group_key=self.group_keys[g],
-                             instance_key=instance, timeout_ms=round(self.timeout * 1000)))
+                            **self._view_keys(g, instance, self.groups[g].index(i))))
         return out
+
+    def _view_keys(self, g, instance, member):
+        """How a view's gradient (graphsync/exchange/views.py) finds the other towers of group `g`."""
+        return dict(members=len(self.groups[g]) * self.scale, group_key=self.group_keys[g],
+                    instance_key=instance, timeout_ms=round(self.timeout * 1000))
 
     def sums(self, graph, layer, sites, values, tag, finish=None) -> list[list]:
         """Cross-tower sums of each tower's values, passed through `finish(sums, tower index, ops)`
@@ -115,7 +119,7 @@ class AllReduce:
         """Per tower: (the elementwise `kind` ("Max" or "Min") of every tower's value, the keys of
         a view of it, graphsync/exchange/views.py)."""
         out = []
-        for i, (vector, peers, g, instance) in enumerate(self._reduce(graph, sites, list(values), tag, merge=kind)):
+        for i, (vector, peers, g, instance) in enumerate(self._reduce(graph, layer, sites, list(values), tag, merge=kind)):
             with pristine_scope(graph, sites[i].device, f"{sites[i].op.name}_sync/{tag}"), \
                     graph.control_dependencies(peers):
                 total = tf.identity(vector, name="extremum")
@@ -140,7 +144,7 @@ class AllReduce:
                     layouts.append([(_shape_of(v), tf.size(v), v.dtype) for v in vals])
         out = []
         for i, (site, vals, (vector, peers, g, instance), layout) in enumerate(zip(sites, values, self._reduce(
-                graph, sites, packed, tag), layouts)):
+                graph, layer, sites, packed, tag), layouts)):
             with pristine_scope(graph, site.device, f"{site.op.name}_sync/unpack_{tag}"), \
                     graph.control_dependencies(peers):
                 if layout is None:

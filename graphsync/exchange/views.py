@@ -21,6 +21,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
+from graphsync.exchange import queues
 from graphsync.exchange.collectives import all_reduce, backward_key, differentiation
 from graphsync.exchange.values import Synchronized
 from graphsync.graph.tf_private import create_op, pristine_scope, update_input
@@ -37,17 +38,19 @@ _gathered_gradients = weakref.WeakKeyDictionary()     # graph → {(merged μ, k
 
 def view(graph, site, s: Synchronized, upload, spread: str, factor=None, **keys) -> Synchronized:
     """Tower `site`'s statistics through an IdentityN whose gradient is `view_gradient`; `keys`
-    (ints) say how its gradient finds the other towers: members and member (gather), or members,
-    group_key, instance_key and timeout_ms (all-reduce). With `factor` (N/(N−1), a scalar) the tower's
-    Bessel-corrected variance is σ²·factor, computed on the tower only when something reads it,
-    its gradient reaching σ² through the Mul."""
+    (ints, strings) say how its gradient finds the other towers: members and member (gather),
+    members, group_key, instance_key and timeout_ms (all-reduce), or members, member, queue, ps,
+    worker and workers (through a ps, graphsync/exchange/through_ps.py). With `factor` (N/(N−1), a
+    scalar) the tower's Bessel-corrected variance is σ²·factor, computed on the tower only when
+    something reads it, its gradient reaching σ² through the Mul."""
     size, local_mean, local_spread, *_ = upload   # float32 uploads carry a residual too (stats.merge_moments)
     inputs = [s.mean, s.variance, s.total, size, local_mean, local_spread]   # only μ, σ², N cross devices
     attrs = {"T": attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(
                  type=[t.dtype.as_datatype_enum for t in inputs])),
              "_gradient_op_type": attr_value_pb2.AttrValue(s=VIEW_GRADIENT.encode()),
              "_graphsync_spread": attr_value_pb2.AttrValue(s=spread.encode())}
-    attrs.update({f"_graphsync_{name}": attr_value_pb2.AttrValue(i=int(value)) for name, value in keys.items()})
+    attrs.update({f"_graphsync_{name}": attr_value_pb2.AttrValue(s=value.encode()) if isinstance(value, str)
+                  else attr_value_pb2.AttrValue(i=int(value)) for name, value in keys.items()})
     with pristine_scope(graph, site.device, site.op.name + "_sync"):
         view = create_op(graph, "IdentityN", inputs, attrs, "statistics")
         bessel = None if factor is None else create_op(
@@ -139,6 +142,8 @@ def summed_gradient(op, contribution, k):
         with pristine_scope(graph, op.device, f"{site}_sync/backward_statistics"):
             return all_reduce(contribution, members, group_key, backward_key(graph, forward_key, k),
                               timeout=timeout_ms / 1000)
+    if "_graphsync_queue" in op.node_def.attr:
+        return _summed_through_ps(op, contribution, k)
     merged = op.inputs[0]
     table = _gathered_gradients.setdefault(graph, {})
     if (merged.name, k) not in table:
@@ -153,6 +158,33 @@ def summed_gradient(op, contribution, k):
     total = table[(merged.name, k)]
     update_input(total, op.get_attr("_graphsync_member"), contribution)
     return total.outputs[0]
+
+
+def _summed_through_ps(op, contribution, k):
+    """The towers of this worker summed by one AddN each tower's gradient call fills in (on the
+    device of the first tower whose call builds it), then every worker's sum through queues on the
+    forward's ps (graphsync/exchange/queues.py), named after the forward's and `k`."""
+    graph = op.graph
+    base, ps = (op.get_attr(f"_graphsync_{name}").decode() for name in ("queue", "ps"))
+    members, member, worker, workers = (op.get_attr(f"_graphsync_{name}")
+                                        for name in ("members", "member", "worker", "workers"))
+    table = _gathered_gradients.setdefault(graph, {})
+    if (base, k) not in table:
+        site = op.name.rsplit("_sync/", 1)[0]
+        key = "_".join(map(str, k)) if isinstance(k, tuple) else str(k)   # e.g. ("y", 0): the fused backward
+        scope = f"{site}_sync/backward_statistics_{key}"
+        local = contribution
+        if members > 1:
+            with pristine_scope(graph, op.device, scope):
+                local = create_op(graph, "AddN", [_missing_tower(contribution)] * members,
+                                  {"T": attr_value_pb2.AttrValue(type=contribution.dtype.as_datatype_enum),
+                                   "N": attr_value_pb2.AttrValue(i=members)}, "sum").outputs[0]
+        summed = queues.summed(graph, local, f"{base}/gradient_{key}", ps, worker, workers, op.device, scope)
+        table[(base, k)] = (local.op if members > 1 else None, summed)
+    local_sum, total = table[(base, k)]
+    if local_sum is not None:
+        update_input(local_sum, member, contribution)
+    return total
 
 
 def _missing_tower(like: tf.Tensor) -> tf.Tensor:

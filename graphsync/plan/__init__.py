@@ -3,5 +3,5 @@
     data           the plan: frozen records of layers, their sites in each tower, gradient calls
     planner        make_plan: candidates → towers → pairs → validated layers
     training_flag  the checks of layers behind a tensor training flag (one flag for all towers)
-    shared_tasks   refusing between-graph steps that reach into a task other workers use too
+    shared_tasks   the parameter servers a between-graph step uses (a step on another worker: refused)
 """

@@ -101,6 +101,7 @@ class Plan:
     strategy: str = "gather"
     groups: tuple = ()     # tower indices per sync group
     process_group: object = None
+    ps_tasks: tuple = ()   # between-graph: the parameter servers the step uses (plan/shared_tasks.py)
     found_by: str = ""     # how the towers were found: "known name", "structure: gpu_%d", "towers= option"
     calls: tuple = ()      # tower tf.function calls to inline first (splice/inline.py)
     recompute: bool = False   # the backward reads recomputed normalized outputs (splice/recompute.py)

@@ -45,8 +45,9 @@ def make_plan(graph: tf.Graph, towers=None, device: str | None = None, *, strate
         raise GraphsyncError(f"unknown strategy {strategy!r}: use 'gather' or 'allreduce'")
     if process_group is not None and strategy != "allreduce":
         raise GraphsyncError("between-graph replication (a process group) needs strategy='allreduce'")
-    if process_group is not None and plan.layers:
-        shared_tasks.check([site.op for layer in plan.layers for site in layer.sites])
+    if process_group is not None and plan.layers:   # parameter servers: the exchange goes through them
+        plan = dataclasses.replace(plan, ps_tasks=shared_tasks.shared_tasks(
+            [site.op for layer in plan.layers for site in layer.sites]))
     if strategy == "allreduce":
         _check_own_devices(plan)
     return plan

@@ -1,16 +1,20 @@
-"""Between-graph steps that reach into a task other workers' steps use too: refused before the
-first step.
+"""Between-graph steps that reach into a task other workers' steps use too: which are parameter
+servers (the exchange then goes through them), and the one case refused before the first step.
 
 A step with cross-process collectives takes its step id from the group's shared sequence (its
 leader hands every worker the same one, so their collectives find each other), where a step
 without collectives draws a random one. A task that runs part of several workers' steps — a
 parameter server holding variables, the global step or sync queues (tf.train.replica_device_setter,
-tf_cnn_benchmarks' parameter_server and distributed_replicated modes), or another worker — then
-receives the same step id from every worker, and keys its rendezvous by step id alone: the first
-worker to finish cleans the id up and aborts the others' part of their step on that task
-(`AbortedError: From /job:ps/replica:0/task:0: Cleanup <step id>`), at a step that depends on timing.
-No rewrite can give the workers different step ids and keep their collectives paired, so such a
-graph is refused whole, naming the task and one op placed there.
+tf_cnn_benchmarks' parameter_server and distributed_replicated modes) — keys its rendezvous by step
+id alone: with collectives, the first worker to finish cleans the id up and aborts the others' part
+of their step on that task (`AbortedError: From /job:ps/replica:0/task:0: Cleanup <step id>`). So
+such a step is synchronized through queues on those tasks instead, with no collective at all
+(graphsync/exchange/through_ps.py): `shared_tasks` names them for the planner.
+
+Refused: a step that runs ops on another *training* task (chief, master, worker). That task runs
+synchronized steps of its own, which wait for this worker's; the exchange places its queues on ps
+tasks only, and no TF1 setup we know of places a worker's ops on another worker, so this is left
+untried and refused whole, naming the task and one op placed there.
 """
 from __future__ import annotations
 
@@ -20,26 +24,29 @@ from graphsync.graph import tf_private
 from graphsync.errors import GraphsyncError
 
 
-def check(ops: list) -> None:
-    """Raises GraphsyncError when a training step through `ops` (the synchronized batch norms) runs
-    an op on a task other than theirs: every op those ops read, or that reads them, through data
-    or control edges, and the resources these use."""
+TRAINING_JOBS = ("chief", "master", "worker")   # graphsync/between_graph/cluster.py: they run steps of their own
+
+
+def shared_tasks(ops: list) -> tuple:
+    """The tasks other than theirs on which a training step through `ops` (the synchronized batch
+    norms) runs an op — every op those ops read, or that reads them, through data or control
+    edges, and the resources these use — as sorted "/job:ps/replica:0/task:0" names. Raises
+    GraphsyncError when one of them is a training task."""
     own = {_task(op.device) for op in ops}
     foreign = {}
     for op in _with_resources(_connected(ops)):
         task = _task(op.device)
         if task[0] is not None and task not in own:
             foreign.setdefault(task, op)
-    if foreign:
-        task, op = sorted(foreign.items(), key=lambda item: str(item[0]))[0]
-        where = _name(task)
-        also = f" (and {len(foreign) - 1} more task{'s' if len(foreign) > 2 else ''})" if len(foreign) > 1 else ""
+    training = sorted((task for task in foreign if task[0] in TRAINING_JOBS), key=str)
+    if training:
+        op = foreign[training[0]]
         raise GraphsyncError(
-            f"parameter-server training cannot be synchronized: the step of {_name(sorted(own, key=str)[0])} runs "
-            f"{op.name} ({op.type}) on {where}{also}, which the other workers' steps use too; with cross-process "
-            "collectives every worker's step has the same step id, and that task mixes the workers' steps up "
-            "(one worker's step end aborts another's: AbortedError … Cleanup): keep every op of the step on its "
-            "worker (tf_cnn_benchmarks: --variable_update=collective_all_reduce), or run without graphsync")
+            f"a between-graph step cannot run on another worker: the step of {_name(sorted(own, key=str)[0])} runs "
+            f"{op.name} ({op.type}) on {_name(training[0])}, a training task with steps of its own; graphsync "
+            "synchronizes steps that use parameter servers, not other workers: place the step's ops on its own "
+            "worker and on ps tasks")
+    return tuple(_name(task) for task in sorted(foreign, key=str))
 
 
 def _connected(ops: list) -> list:

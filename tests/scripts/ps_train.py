@@ -8,8 +8,8 @@ that only joins its server, worker tasks that each build their own graph and tra
 --mode parameter_server:       the variables live on the ps (tf.train.replica_device_setter, read
                                through a caching device on the worker); each worker applies its
                                own gradients to them: asynchronous updates, kept in step only by
---mode distributed_replicated: each worker trains local copies (LOCAL_VARIABLES) of the ps
-                               variables; its gradients go to the ps copies, which it reads back
+--mode distributed_replicated: each worker trains local copies (LOCAL_VARIABLES, as are its
+                               moving statistics) of the ps variables; its gradients go to the ps copies, which it reads back
                                after every step
 these two:                     the global step on the ps, incremented after every step's fetches;
                                sync queues on the ps (tf_cnn_benchmarks' add_sync_queues_and_barrier)
@@ -141,7 +141,7 @@ def build(mode, workers, index, cluster):
             y, stats = model(x)
             loss = 0.5 * tf.reduce_sum(tf.square(y - t))
         local = tf1.trainable_variables("v0")
-        for v in local:
+        for v in tf1.global_variables("v0"):   # the moving statistics too: each worker initializes its own
             tf1.get_default_graph().get_collection_ref(tf1.GraphKeys.GLOBAL_VARIABLES).remove(v)
             tf1.add_to_collection(tf1.GraphKeys.LOCAL_VARIABLES, v)
         with tf1.device(setter):
@@ -168,7 +168,7 @@ def build(mode, workers, index, cluster):
     return x, t, fetches, trained, global_step, tf.group(local_init, *post_init, init_end)
 
 
-def train(mode, target, cluster, workers, index, sizes, steps, is_chief):
+def train(mode, target, cluster, workers, index, sizes, steps, is_chief, say_steps=False):
     graph = tf.Graph()
     with graph.as_default():
         x, t, fetches, trained, global_step, local_init = build(mode, workers, index, cluster)
@@ -185,6 +185,8 @@ def train(mode, target, cluster, workers, index, sizes, steps, is_chief):
                 out = sess.run(fetches, {x: x_all[start:start + sizes[index]], t: t_all[start:start + sizes[index]]})
                 got["loss"].append(out["loss"])
                 got["stats"].append(np.concatenate([s.ravel() for s in out["stats"]]))
+                if say_steps:
+                    print(f"step {step + 1}", flush=True)
             last_step = sess.run(global_step)
             variables = sess.run(trained)
         supervisor.stop()
@@ -226,6 +228,7 @@ def main():
                                                                   "collective_all_reduce"])
     parser.add_argument("--sizes", default="3,5")
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--say-steps", action="store_true", help="print 'step N' after each step")
     args = parser.parse_args()
     tf_config = json.loads(os.environ["TF_CONFIG"])
     job, index = tf_config["task"]["type"], tf_config["task"]["index"]
@@ -239,7 +242,7 @@ def main():
         server.join()
     sizes = [int(s) for s in args.sizes.split(",")]
     got = train(args.mode, server.target, cluster, len(tf_config["cluster"]["worker"]), index, sizes, args.steps,
-                is_chief=index == 0)
+                is_chief=index == 0, say_steps=args.say_steps)
     np.savez(args.out, **got)
     print(f"{job}:{index} trained {args.steps} steps on {sizes[index]} examples each (global step "
           f"{got['global_steps'][0]} → {got['global_steps'][1]})", flush=True)

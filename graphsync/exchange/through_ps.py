@@ -1,0 +1,82 @@
+"""The strategy of parameter-server jobs: statistics summed across worker processes through queues
+on a ps task, not through collectives.
+
+Why not collectives: a step with a collective gets its step id from the group leader, the same in
+every worker, and a ps that runs part of several workers' steps (variables, the global step, sync
+queues) keys its rendezvous by step id alone: one worker's step end aborts another's
+(`AbortedError … Cleanup`; graphsync/plan/shared_tasks.py). Here the only cross-process traffic is
+ops placed on a ps the step already uses (graphsync/exchange/queues.py: one FIFOQueue per layer,
+direction and ordered pair of workers, summed in worker order), so each worker's step keeps its own
+random step id and the ps tells them apart as it does without graphsync.
+
+Everything else is AllReduce's: the same packed vectors (float64 [n, n·m, M2 + n·m²] forward, the
+stacked [a, b] backward), packed and unpacked by the same functions, so the statistics are the same
+numbers; the towers of a worker in one sync group first add theirs on the group's first device, in
+tower order. Layers go to the ps tasks round-robin in forward order (the same in every worker), and
+each queue's name holds the digest of the synchronized layers: workers that built different layers
+never share a queue. A view's gradient built after the rewrite (graphsync/exchange/views.py) sums
+the same way through queues of its own.
+
+A worker blocked on a dequeue because another is gone is stopped like one blocked on a collective:
+the dequeues mark the step synchronized (graphsync/between_graph/steps.py), the heartbeat names the
+lost worker and closing the step's session cancels the dequeue. A dequeue has no timeout of its own
+(TensorFlow supports none): without a heartbeat, a lost worker leaves the others waiting. Elements
+left in the queues by a crash stay on the ps while it runs: restart every task, ps included, and
+the queues start empty (a ps kept running would hand the restarted workers stale statistics).
+"""
+from __future__ import annotations
+
+import tensorflow as tf
+
+from graphsync.between_graph.process_group import ProcessGroup
+from graphsync.errors import GraphsyncError
+from graphsync.exchange import queues
+from graphsync.exchange.allreduce import AllReduce
+from graphsync.graph.tf_private import FastOps, pristine_scope
+
+
+class ThroughPs(AllReduce):
+    """Statistics summed across worker processes by queues on the ps tasks `ps_tasks`
+    ("/job:ps/replica:0/task:0", …)."""
+
+    name = "ps"
+
+    def __init__(self, graph: tf.Graph, groups, process_group: ProcessGroup, ps_tasks, fingerprint: int = 0):
+        self.groups, self.process_group = groups, process_group
+        self.ops = FastOps(graph)
+        self.ps_devices = [f"{task}/device:CPU:0" for task in ps_tasks]
+        self.prefix = f"graphsync/{fingerprint:016x}"
+        self._placed = {}   # layer name → its ps device
+        self._bases = {}    # queue base name → its ps device
+
+    def ps_of(self, layer) -> str:
+        """The ps device of `layer`'s queues: round-robin in the order layers are first seen."""
+        return self._placed.setdefault(layer.name, self.ps_devices[len(self._placed) % len(self.ps_devices)])
+
+    def _reduce(self, graph, layer, sites, packed, name, merge="Add"):
+        """Per tower: (its group's total, no barrier, the group, the queues' base name)."""
+        if merge != "Add":   # extrema belong to reductions, which a process group never plans
+            raise GraphsyncError(f"internal: the exchange through a ps cannot merge by {merge}")
+        out = [None] * len(sites)
+        for g, members in enumerate(self.groups):
+            base = f"{self.prefix}/{layer.name}/{name}" + (f"/group{g}" if len(self.groups) > 1 else "")
+            if base in self._bases:
+                raise GraphsyncError(f"internal: two exchanges named {base}")
+            self._bases[base] = self.ps_of(layer)
+            first = sites[members[0]]
+            scope = f"{first.op.name}_sync/{name}"
+            local = packed[members[0]]
+            if len(members) > 1:
+                with pristine_scope(graph, first.device, scope):
+                    local = self.ops.add_n([packed[i] for i in members])
+            total = queues.summed(graph, local, base, self._bases[base], self.process_group.index,
+                                  self.process_group.tasks, first.device, scope)
+            for i in members:
+                out[i] = (total, [], g, base)
+        return out
+
+    def _view_keys(self, g, base, member):
+        """How a view's gradient sums group `g`: its towers here (AddN), then the queues on the
+        same ps as the forward's, named after it."""
+        return dict(members=len(self.groups[g]), member=member, queue=base, ps=self._bases[base],
+                    worker=self.process_group.index, workers=self.process_group.tasks)

@@ -18,10 +18,10 @@ import pytest
 import tensorflow as tf
 
 import graphsync
+import tf_keras
 import towerlib as tl
 
 tf1 = tf.compat.v1
-tf_keras = pytest.importorskip("tf_keras")
 
 SMALLEST = ["DenseNet121", "EfficientNetB0", "InceptionV3", "MobileNet",
             "MobileNetV2", "RegNetX002", "ResNet50V2"]

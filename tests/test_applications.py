@@ -5,9 +5,11 @@ on the concatenated batch: a third call of the same model on the whole batch, ou
 in the same graph and session (so with the same variables), which graphsync leaves alone. The
 tolerance is 4× that one device's own noise (a fourth call on the batch in another order, put back
 in order; deep float32 nets at 32×32 normalize 1×1 maps over 3 examples, which amplifies rounding),
-and at least 1e-5.
+and at least 1e-5. Where that noise exceeds 1e-2 (MobileNet, EfficientNetB0, RegNetX002 at this
+size disagree with themselves by 14–48 %), only the rewrite and the step are checked: none of the
+default models is such a one.
 
-The default run takes a small model of most families; set
+The default run takes four families' small models; set
 GRAPHSYNC_ALL_APPLICATIONS=1 for every model of tf_keras.applications (about 40 minutes on 2 cores).
 """
 import os
@@ -23,14 +25,14 @@ import towerlib as tl
 
 tf1 = tf.compat.v1
 
-SMALLEST = ["DenseNet121", "EfficientNetB0", "InceptionV3", "MobileNet",
-            "MobileNetV2", "RegNetX002", "ResNet50V2"]
+SMALLEST = ["DenseNet121", "InceptionV3", "MobileNetV2", "ResNet50V2"]
 EVERY = sorted(name for name in dir(tf_keras.applications) if name[0].isupper()
                and callable(getattr(tf_keras.applications, name)))
 MODELS = EVERY if os.environ.get("GRAPHSYNC_ALL_APPLICATIONS") == "1" else SMALLEST
 MIN_SIZE = {"InceptionV3": 75, "InceptionResNetV2": 75, "Xception": 71, "NASNetMobile": 224, "NASNetLarge": 331}
 SIZES = [1, 2]
 FLOOR = 1e-5
+CONDITIONED = 1e-2   # above this one device disagrees with itself: no comparison can mean anything
 
 
 def _build(name):
@@ -92,6 +94,9 @@ def test_application_rewrites_and_equals_one_device(name):
     tolerance = max(4 * noise, FLOOR)
     print(f"{name}: {len(report.layers)} layers, error {error:.2g}, one device's noise {noise:.2g}, "
           f"unsynchronized {unsynced:.2g}")
+    if noise > CONDITIONED:   # e.g. MobileNet, EfficientNetB0 at 32×32: 1×1 maps of 3 examples
+        assert name not in SMALLEST, f"{name} is ill-conditioned at {size}×{size}: take it out of SMALLEST"
+        return
     assert error <= tolerance, (error, noise, unsynced)
     if report.layers:
         assert unsynced > 3 * tolerance, (unsynced, tolerance)

@@ -17,9 +17,8 @@ import re
 import tensorflow as tf
 
 from graphsync.graph import tf_private
+from graphsync.graph.op_types import WRITE_TYPES
 
-WRITE_TYPES = frozenset({"Assign", "AssignAdd", "AssignSub", "AssignVariableOp", "AssignAddVariableOp",
-                         "AssignSubVariableOp"})
 _DEPTH = 8          # ops from a batch statistic to the write of its moving average (keras: Sub, Mul, Cast…)
 _PASS_THROUGH = frozenset({"Identity", "ReadVariableOp", "RefIdentity"})
 _GRADIENTS = re.compile(r"(?:^|/)gradients(?:_\d+)?/")   # tf.gradients' scopes

@@ -8,10 +8,9 @@ import re
 import tensorflow as tf
 
 from graphsync.errors import GraphsyncError
+from graphsync.graph.op_types import WRITE_TYPES
 
 VARIABLE_TYPES = ("VarHandleOp", "VariableV2", "Variable")
-WRITE_TYPES = ("Assign", "AssignAdd", "AssignSub", "AssignVariableOp", "AssignAddVariableOp",
-               "AssignSubVariableOp")
 _SAVER_SCOPE = re.compile(r"(^|/)save(_\d+)?/")
 
 

@@ -207,7 +207,10 @@ def _ps_graph(global_step_only=False, on_the_worker=False, shared_job="ps", upda
         with tf1.device(here if global_step_only else setter):
             x = tf1.placeholder(tf.float32, [None, 6, 6, 3])
             h = tf1.layers.batch_normalization(tf1.layers.conv2d(x, 4, 3), training=True)
-            with tf.control_dependencies(tf1.get_collection(tf1.GraphKeys.UPDATE_OPS) if updates else None):
+            # a ref update's output read (tf1.layers: the variable after the update), a resource update waited for
+            updates = [op.outputs[0] if op.outputs else op for op in tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)] \
+                if updates else []
+            with tf.control_dependencies([tf.identity(u) if isinstance(u, tf.Tensor) else u for u in updates]):
                 train = tf1.train.GradientDescentOptimizer(0.1).minimize(tf.reduce_sum(h))
         with tf1.device(setter), tf.control_dependencies([train]):
             global_step.assign_add(1)
@@ -247,26 +250,31 @@ def test_moving_statistics_on_a_ps_are_updated_by_worker_0_only(behaviour, index
     with behaviours.behaviour(behaviour):
         graph = _ps_graph(global_step_only, updates=True)
         writes = _moving_average_writes(graph)
-        waiting = {op: tf_private.control_outputs(op) for op in writes}
-        assert len(writes) == 2 and all(waiting.values()), waiting
+        successors = {op: _successors(op) for op in writes}
+        assert len(writes) == 2 and all(successors.values()), successors
         report = graphsync.rewrite_towers(graph, strategy="allreduce",
                                           process_group=graphsync.ProcessGroup(2, index))
         taken_out = index != 0 and not global_step_only
         assert report.shared_moving == ("moving statistics of 1 layer on /job:ps/replica:0/task:0 updated by worker 0 "
                                         "only (they are shared by the 2 workers)" if not global_step_only else ""), report
         assert (report.shared_moving in str(report)) and (report.shared_moving in report.to_dict().values())
-        for op in writes:
-            readers = [c for t in op.outputs for c in t.consumers()] + tf_private.control_outputs(op)
-            if taken_out:
-                assert not readers, (op.name, readers)
-            else:
-                assert set(tf_private.control_outputs(op)) == set(waiting[op]), op.name
-        if taken_out:   # what waited for a write waits for its stand-in, on this worker
-            for op, before in waiting.items():
-                stand_ins = {c for w in before for c in w.control_inputs if c.type == "NoOp"
-                             and c.name.startswith(op.name + "_by_worker_0/")}
-                assert len(stand_ins) == 1, (op.name, stand_ins)
-                assert next(iter(stand_ins)).device == "/job:worker/replica:0/task:1/device:CPU:0"
+        for op, before in successors.items():
+            if not taken_out:
+                assert _successors(op) == before, op.name
+                continue
+            assert not _successors(op), op.name
+            for reader in before:   # v1: an Identity reads the variable; v2: the train op waits for a NoOp here
+                if op.outputs:
+                    assert reader.inputs[0] is op.inputs[0], reader.name
+                else:
+                    stand_ins = [c for c in reader.control_inputs if c.name.startswith(op.name + "_by_worker_0/")]
+                    assert [(c.type, c.device) for c in stand_ins] == [
+                        ("NoOp", "/job:worker/replica:0/task:1/device:CPU:0")], (reader.name, stand_ins)
+
+
+def _successors(op):
+    return sorted({c for t in op.outputs for c in t.consumers()} | set(tf_private.control_outputs(op)),
+                  key=lambda o: o.name)
 
 
 @pytest.mark.parametrize("behaviour", ["v1", "v2"])

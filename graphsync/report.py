@@ -36,6 +36,7 @@ class RewriteReport:
     recompute: bool = False   # rewrite_towers(recompute=True)
     recomputed: int = 0       # tensors (all towers) the backward reads recomputed (graphsync/splice/recompute.py)
     recompute_deferred: int = 0   # layers rewritten before their gradients: recomputed when those are built
+    shared_moving: str = ""   # between-graph: moving statistics on a ps left to worker 0 (graphsync/splice/shared_averages.py)
 
     @property
     def where(self) -> str:
@@ -74,7 +75,7 @@ class RewriteReport:
                 "skipped": [dataclasses.asdict(s) for s in self.skipped],
                 "edges_moved": self.edges_moved, "grad_ops_replaced": self.grad_ops_replaced,
                 "recompute": self.recompute, "recomputed": self.recomputed,
-                "recompute_deferred": self.recompute_deferred}
+                "recompute_deferred": self.recompute_deferred, "shared_moving": self.shared_moving}
 
     def __str__(self) -> str:
         lines = [self.summary]
@@ -88,6 +89,8 @@ class RewriteReport:
             later = f"; {self.recompute_deferred} layers when their gradients are built" \
                 if self.recompute_deferred else ""
             lines.append(f"  recomputed in the backward: {self.recomputed} tensors{later}")
+        if self.shared_moving:
+            lines.append(f"  {self.shared_moving}")
         if self.inlined:
             shown = ", ".join(self.inlined[:3]) + (", …" if len(self.inlined) > 3 else "")
             calls = f"{len(self.inlined)} tf.function call{'s' * (len(self.inlined) != 1)}"

@@ -14,7 +14,7 @@ import tensorflow as tf
 from graphsync.splice import inline
 from graphsync.graph import ref_races
 from graphsync.splice import layer as splice
-from graphsync.splice import reduction
+from graphsync.splice import reduction, shared_averages
 from graphsync.graph import tf_private
 from graphsync.errors import GraphsyncError, GraphsyncWarning
 from graphsync.between_graph.process_group import ProcessGroup
@@ -97,6 +97,7 @@ def _rewrite(graph, towers, device, strategy, group_size, process_group, recompu
     if plan.layers and exchange.name == "ps":
         report.strategy, report.device = "ps", ", ".join(plan.ps_tasks)
     moving_writes = moving_updates.writes_per_layer(plan.layers)
+    shared_writes = shared_averages.shared_writes(plan)
     spliced = []
     made_after = max((tf_private.creation_order(op) for op in graph.get_operations()), default=-1)
     for layer in plan.layers:
@@ -111,6 +112,7 @@ def _rewrite(graph, towers, device, strategy, group_size, process_group, recompu
     _check(spliced)
     if plan.layers:   # the analysis again, on the result: no batch statistic left per tower
         rule.check_rewritten(graph, plan, plan.covered, made_after)
+    report.shared_moving = shared_averages.leave_to_first_worker(graph, shared_writes, process_group)
     _say_kept_per_tower(plan.kept_per_tower)
     _say_repeated_updates(moving_updates.repeated(moving_writes))
     if plan.recompute:

@@ -4,8 +4,11 @@ loopback — 1 ps that only joins its server, 2 workers — each launched the sa
 `graphsync run` and under plain python; plus the planner's choice in-process.
 
 Every mode trains synchronized: each worker's batch-norm batch statistics at every step, its
-losses and its variables after the last step equal one device on the concatenated batch (2e-5
-relative; measured ~1.5e-7), where plain python is off by more than 1e-2. collective_all_reduce
+losses, its variables and its batch norms' moving means and variances after the last step equal
+one device on the concatenated batch (2e-5 relative; measured ~1.5e-7, the moving statistics
+~5e-9), where plain python is off by more than 1e-2. In parameter_server mode the moving
+statistics live on the ps, shared: worker 0 alone updates them (graphsync/splice/shared_averages.py;
+every worker did, 1.8e-1 off). collective_all_reduce
 (every op of the step on its worker) through collectives; parameter_server and
 distributed_replicated (the step runs ops on the ps) through queues on the ps
 (graphsync/exchange/through_ps.py), with no collective, so that the ps tells the workers' steps
@@ -29,6 +32,7 @@ import behaviours
 import cluster as cl
 import graphsync
 import towerlib as tl
+from graphsync.graph import tf_private
 
 tf1 = tf.compat.v1
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts")
@@ -87,7 +91,8 @@ def errors_against_one_device(results, sizes=SIZES):
         assert code == 0, f"worker {i}:\n{err[-3000:]}"
         errors.append({"stats": tl.max_rel_error(got["stats"], ref["stats"]),
                        "loss": tl.max_rel_error(got["loss"], ref["loss"][:, i]),
-                       "variables": tl.max_rel_error(got["variables"], ref["variables"])})
+                       "variables": tl.max_rel_error(got["variables"], ref["variables"]),
+                       "moving": tl.max_rel_error(got["moving"], ref["moving"])})
     return errors
 
 
@@ -109,6 +114,10 @@ def synchronized_through(ps_tasks, workers=2):
             "worker processes")
 
 
+SHARED_MOVING = ("graphsync: moving statistics of 2 layers on /job:ps/replica:0/task:0 updated by worker 0 only "
+                 "(they are shared by the 2 workers)")
+
+
 def assert_synchronized(results, ps_tasks=("/job:ps/replica:0/task:0",), sizes=SIZES):
     for _, _, err, _ in results:
         assert synchronized_through(ps_tasks, len(sizes)) in err, err
@@ -120,7 +129,13 @@ def assert_synchronized(results, ps_tasks=("/job:ps/replica:0/task:0",), sizes=S
 
 @pytest.mark.parametrize("mode", ["parameter_server", "distributed_replicated"])
 def test_parameter_server_modes_equal_one_device(tmp_path, mode):
-    errors = assert_synchronized(run_job(tmp_path / "synced", mode, GRAPHSYNC_RUN))
+    """Moving statistics included: on the ps (parameter_server) worker 0 alone updates them, the
+    others' updates taken out of their steps (before, 2 workers moved them twice a step: 1.8e-1
+    off); a worker's own (distributed_replicated) each worker updates."""
+    results = run_job(tmp_path / "synced", mode, GRAPHSYNC_RUN)
+    for _, _, err, _ in results:
+        assert (SHARED_MOVING in err) == (mode == "parameter_server"), err
+    errors = assert_synchronized(results)
     print(f"{mode}, 2 workers {SIZES}, {STEPS} steps, synchronized through the ps:", errors)
     unsynced = errors_against_one_device(run_job(tmp_path / "plain", mode, [sys.executable]))
     print(f"{mode}, plain python:", unsynced)
@@ -178,9 +193,10 @@ def test_a_step_on_its_own_worker_is_rewritten():
     assert len(report.layers) == 1
 
 
-def _ps_graph(global_step_only=False, on_the_worker=False, shared_job="ps"):
+def _ps_graph(global_step_only=False, on_the_worker=False, shared_job="ps", updates=False):
     """One worker's graph of a ps job: task 1 of 2, a conv and a batch norm; the variables (or only
-    the global step, incremented after every step) on task 0 of `shared_job`."""
+    the global step, incremented after every step) on task 0 of `shared_job`; with `updates`, the
+    train op waits for the UPDATE_OPS (the moving averages)."""
     graph = tf.Graph()
     here = "/job:worker/replica:0/task:1/device:CPU:0"
     setter = here if on_the_worker else tf1.train.replica_device_setter(worker_device=here, ps_tasks=1,
@@ -191,7 +207,11 @@ def _ps_graph(global_step_only=False, on_the_worker=False, shared_job="ps"):
         with tf1.device(here if global_step_only else setter):
             x = tf1.placeholder(tf.float32, [None, 6, 6, 3])
             h = tf1.layers.batch_normalization(tf1.layers.conv2d(x, 4, 3), training=True)
-            train = tf1.train.GradientDescentOptimizer(0.1).minimize(tf.reduce_sum(h))
+            # a ref update's output read (tf1.layers: the variable after the update), a resource update waited for
+            updates = [op.outputs[0] if op.outputs else op for op in tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)] \
+                if updates else []
+            with tf.control_dependencies([tf.identity(u) if isinstance(u, tf.Tensor) else u for u in updates]):
+                train = tf1.train.GradientDescentOptimizer(0.1).minimize(tf.reduce_sum(h))
         with tf1.device(setter), tf.control_dependencies([train]):
             global_step.assign_add(1)
     return graph
@@ -212,6 +232,49 @@ def test_a_step_on_a_ps_sums_through_queues_there_with_no_collective(behaviour, 
         assert len(queues) == 4 and {op.device for op in queues} == {"/job:ps/replica:0/task:0/device:CPU:0"}, queues
         pairs = sorted(op.get_attr("shared_name").decode().rsplit("/", 1)[1] for op in queues)
         assert pairs == ["0>1", "0>1", "1>0", "1>0"], pairs
+
+
+def _moving_average_writes(graph):
+    """The batch norm's moving mean and variance updates (the only AssignSub of _ps_graph)."""
+    return [op for op in graph.get_operations() if op.type in ("AssignSub", "AssignSubVariableOp")]
+
+
+@pytest.mark.parametrize("behaviour", ["v1", "v2"])
+@pytest.mark.parametrize("index", [0, 1])
+@pytest.mark.parametrize("global_step_only", [False, True], ids=["moving-on-ps", "moving-on-worker"])
+def test_moving_statistics_on_a_ps_are_updated_by_worker_0_only(behaviour, index, global_step_only):
+    """Shared by the workers, the moving mean and variance on the ps would move once per worker and
+    step by the same synchronized statistics: the other workers' writes are out of their step
+    (nothing waits for them or reads them), worker 0's stay; on a worker's own task, every worker
+    keeps its own."""
+    with behaviours.behaviour(behaviour):
+        graph = _ps_graph(global_step_only, updates=True)
+        writes = _moving_average_writes(graph)
+        successors = {op: _successors(op) for op in writes}
+        assert len(writes) == 2 and all(successors.values()), successors
+        report = graphsync.rewrite_towers(graph, strategy="allreduce",
+                                          process_group=graphsync.ProcessGroup(2, index))
+        taken_out = index != 0 and not global_step_only
+        assert report.shared_moving == ("moving statistics of 1 layer on /job:ps/replica:0/task:0 updated by worker 0 "
+                                        "only (they are shared by the 2 workers)" if not global_step_only else ""), report
+        assert (report.shared_moving in str(report)) and (report.shared_moving in report.to_dict().values())
+        for op, before in successors.items():
+            if not taken_out:
+                assert _successors(op) == before, op.name
+                continue
+            assert not _successors(op), op.name
+            for reader in before:   # v1: an Identity reads the variable; v2: the train op waits for a NoOp here
+                if op.outputs:
+                    assert reader.inputs[0] is op.inputs[0], reader.name
+                else:
+                    stand_ins = [c for c in reader.control_inputs if c.name.startswith(op.name + "_by_worker_0/")]
+                    assert [(c.type, c.device) for c in stand_ins] == [
+                        ("NoOp", "/job:worker/replica:0/task:1/device:CPU:0")], (reader.name, stand_ins)
+
+
+def _successors(op):
+    return sorted({c for t in op.outputs for c in t.consumers()} | set(tf_private.control_outputs(op)),
+                  key=lambda o: o.name)
 
 
 @pytest.mark.parametrize("behaviour", ["v1", "v2"])

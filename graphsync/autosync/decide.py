@@ -185,6 +185,8 @@ class GraphDecisions:
                 self._say(line)
         else:
             self._say(report.summary)
+            if report.shared_moving:
+                self._say(report.shared_moving)
 
     def failed(self, graph, message: str, fatal: bool = False) -> None:
         """A graph that cannot be rewritten (left untouched): stop, or warn and go on."""

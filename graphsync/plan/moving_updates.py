@@ -29,12 +29,23 @@ def writes_per_layer(layers) -> dict:
     the statistics each site computes (before the splice moves their readers)."""
     found = {}
     for layer in layers:
-        by_variable = collections.defaultdict(list)
-        for site in layer.sites:
-            for write in _writes_from(_statistics(site)):
-                by_variable[_variable(write.inputs[0])].append((site.tower.label, write))
-        found[layer.name] = {v: w for v, w in by_variable.items() if len({t for t, _ in w}) > 1}
+        found[layer.name] = {v: w for v, w in writes_of(layer).items() if len({t for t, _ in w}) > 1}
     return found
+
+
+def writes_of(layer) -> dict:
+    """{variable op: [(tower label, write op)]}: every write of a moving average that `layer`'s
+    statistics feed, one tower's or several (before the splice moves their readers)."""
+    by_variable = collections.defaultdict(list)
+    for site in layer.sites:
+        for write in _writes_from(_statistics(site)):
+            by_variable[variable_of(write)].append((site.tower.label, write))
+    return dict(by_variable)
+
+
+def variable_of(write: tf.Operation) -> tf.Operation:
+    """The variable (VariableV2, VarHandleOp) a write assigns."""
+    return _variable(write.inputs[0])
 
 
 def repeated(found: dict) -> list:

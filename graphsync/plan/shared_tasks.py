@@ -49,6 +49,13 @@ def shared_tasks(ops: list) -> tuple:
     return tuple(_name(task) for task in sorted(foreign, key=str))
 
 
+def task_of(device: str) -> str | None:
+    """The "/job:ps/replica:0/task:0" name `shared_tasks` gives the task of `device`; None where
+    the device names no job (this process's own)."""
+    task = _task(device)
+    return None if task[0] is None else _name(task)
+
+
 def _connected(ops: list) -> list:
     """`ops`, their ancestors and their descendants (data and control edges)."""
     seen, found = set(), []

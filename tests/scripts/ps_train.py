@@ -21,9 +21,12 @@ these two:                     the global step on the ps, incremented after ever
                                only joins; every worker its own Supervisor chief
 all:                           every worker's extra fetches (the global step) before and after the loop.
 
-Each worker saves per step its batch norms' batch statistics and its loss, and the variables
-after the last step (OUT, .npz). `reference(sizes, steps)` is one device on the concatenated
-batch: summed losses, so the workers' applied gradients add up to the one-device gradient.
+Each worker saves per step its batch norms' batch statistics and its loss, and the trained
+variables and the batch norms' moving means and variances after the last step (OUT, .npz; in
+parameter_server mode the moving statistics live on the ps, shared by the workers, and are read
+once every worker's last step passed the step-end sync queues). `reference(sizes, steps)` is one
+device on the concatenated batch: summed losses, so the workers' applied gradients add up to the
+one-device gradient.
 """
 import argparse
 import json
@@ -43,6 +46,7 @@ warnings.filterwarnings("ignore", category=UserWarning, message=".*is deprecated
 IMAGE = (6, 6, 3)
 OUTPUTS = 5
 LEARNING_RATE = 0.05
+MOVING = 4   # variables: the two batch norms' moving mean and variance, saved last
 
 
 def data(total, step):
@@ -53,18 +57,21 @@ def data(total, step):
 
 
 def model(x):
-    """conv → BN → relu → conv → BN → relu → mean → dense; returns the output and each batch
-    norm's batch (mean, variance) as the layers after it see them."""
+    """conv → BN → relu → conv → BN → relu → mean → dense; returns the output, each batch
+    norm's batch (mean, variance) as the layers after it see them, and its moving mean and
+    variance (the variables)."""
     init = tf1.glorot_uniform_initializer
-    h, stats = x, []
+    h, stats, moving = x, [], []
     for i in (1, 2):
         h = tf1.layers.conv2d(h, 4, 3, padding="same", use_bias=False, kernel_initializer=init(seed=i), name=f"conv{i}")
         layer = tf1.layers.BatchNormalization(name=f"bn{i}", fused=True)
         h = layer(h, training=True)
         fused = h.op if h.op.type.startswith("FusedBatchNorm") else h.op.inputs[0].op
         stats += [tf.identity(fused.outputs[1]), tf.identity(fused.outputs[2])]
+        moving += [layer.moving_mean, layer.moving_variance]
         h = tf.nn.relu(h)
-    return tf1.layers.dense(tf.reduce_mean(h, [1, 2]), OUTPUTS, kernel_initializer=init(seed=3), name="head"), stats
+    y = tf1.layers.dense(tf.reduce_mean(h, [1, 2]), OUTPUTS, kernel_initializer=init(seed=3), name="head")
+    return y, stats, moving
 
 
 class CachingGetter:
@@ -99,7 +106,7 @@ def build_collective(workers, index):
         x, t = tf1.placeholder(tf.float32, [None, *IMAGE]), tf1.placeholder(tf.float32, [None, OUTPUTS])
         global_step = tf1.train.get_or_create_global_step()
         with tf1.variable_scope("v"):
-            y, stats = model(x)
+            y, stats, moving = model(x)
             loss = 0.5 * tf.reduce_sum(tf.square(y - t))
         trained = tf1.trainable_variables()
         # gated: ungated, the head's ∂L/∂x read its ref-variable kernel while its update wrote it (README, "What it
@@ -115,7 +122,7 @@ def build_collective(workers, index):
         with tf1.name_scope("inc_global_step"), tf.control_dependencies([main_fetch_group]):
             inc_global_step = global_step.assign_add(1)
     fetches = {"loss": loss, "stats": stats, "inc_global_step": inc_global_step}
-    return x, t, fetches, trained, global_step, tf1.local_variables_initializer()
+    return x, t, fetches, trained + moving, global_step, tf1.local_variables_initializer()
 
 
 def build(mode, workers, index, cluster):
@@ -129,16 +136,16 @@ def build(mode, workers, index, cluster):
         global_step = tf1.train.get_or_create_global_step()
     if mode == "parameter_server":
         with tf1.device(setter), tf1.variable_scope("v", custom_getter=CachingGetter(here)):
-            y, stats = model(x)
+            y, stats, moving = model(x)
             loss = 0.5 * tf.reduce_sum(tf.square(y - t))
             grads = opt.compute_gradients(loss)
             with tf.control_dependencies(tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)):
                 train = opt.apply_gradients(grads)
-        trained = [v for _, v in grads]
+        trained = [v for _, v in grads] + moving
         refresh = []
     else:   # distributed_replicated: local copies on the worker, global copies on the ps
         with tf1.device(here), tf1.variable_scope("v0"):
-            y, stats = model(x)
+            y, stats, moving = model(x)
             loss = 0.5 * tf.reduce_sum(tf.square(y - t))
         local = tf1.trainable_variables("v0")
         for v in tf1.global_variables("v0"):   # the moving statistics too: each worker initializes its own
@@ -150,7 +157,7 @@ def build(mode, workers, index, cluster):
         grads = tf.gradients(loss, local)
         with tf.control_dependencies(tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)):
             train = opt.apply_gradients(zip(grads, shared))
-        trained = shared
+        trained = shared + moving
         refresh = [(v, s) for v, s in zip(local, shared)]
     main_fetch_group = tf.group(train, loss, name="main_fetch_group")
     with tf1.device(setter), tf1.name_scope("inc_global_step"), tf.control_dependencies([main_fetch_group]):
@@ -191,7 +198,8 @@ def train(mode, target, cluster, workers, index, sizes, steps, is_chief, say_ste
             variables = sess.run(trained)
         supervisor.stop()
     return {"loss": np.array(got["loss"]), "stats": np.array(got["stats"]),
-            "variables": np.concatenate([v.ravel() for v in variables]),
+            "variables": np.concatenate([v.ravel() for v in variables[:-MOVING]]),
+            "moving": np.concatenate([v.ravel() for v in variables[-MOVING:]]),
             "global_steps": np.array([first_step, last_step])}
 
 
@@ -201,12 +209,12 @@ def reference(sizes, steps):
     with graph.as_default():
         x, t = tf1.placeholder(tf.float32, [None, *IMAGE]), tf1.placeholder(tf.float32, [None, OUTPUTS])
         with tf1.variable_scope("v"):
-            y, stats = model(x)
+            y, stats, moving = model(x)
         per_example = 0.5 * tf.reduce_sum(tf.square(y - t), 1)
         opt = tf1.train.GradientDescentOptimizer(LEARNING_RATE)
         with tf.control_dependencies(tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)):
             train_op = opt.minimize(tf.reduce_sum(per_example))
-        trained = tf1.trainable_variables()
+        trained = tf1.trainable_variables() + moving
         got = {"loss": [], "stats": []}
         with tf1.Session(config=tf1.ConfigProto(device_count={"CPU": 1})) as sess:
             sess.run(tf1.global_variables_initializer())
@@ -217,7 +225,8 @@ def reference(sizes, steps):
                 got["stats"].append(np.concatenate([v.ravel() for v in s]))
             variables = sess.run(trained)
     return {"loss": np.array(got["loss"]), "stats": np.array(got["stats"]),
-            "variables": np.concatenate([v.ravel() for v in variables])}
+            "variables": np.concatenate([v.ravel() for v in variables[:-MOVING]]),
+            "moving": np.concatenate([v.ravel() for v in variables[-MOVING:]])}
 
 
 def main():

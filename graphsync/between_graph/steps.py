@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections.abc import Mapping
 
 from graphsync.graph.op_types import COLLECTIVE_TYPES, EXCHANGE_ATTR
 
@@ -63,12 +64,24 @@ def _fetched_ops(graph, fetches) -> tuple | None:
     import tensorflow as tf
     names = set()
     try:
-        for leaf in tf.nest.flatten(fetches):
+        for leaf in tf.nest.flatten(_unkeyed(fetches)):
             element = graph.as_graph_element(leaf, allow_tensor=True, allow_operation=True)
             names.add((element if isinstance(element, tf.Operation) else element.op).name)
     except Exception:  # noqa: BLE001 - fetches graphsync cannot read: assume the worst
         return None
     return tuple(sorted(names))
+
+
+def _unkeyed(fetches):
+    """`fetches` with every mapping, list and tuple made a list of its values: tf.nest sorts a
+    mapping's keys, and MonitoredSession's fetches are keyed by "caller" and by its hook objects,
+    which do not sort (every run of a MonitoredTrainingSession, a read of the global step too, was
+    counted as a synchronized step)."""
+    if isinstance(fetches, Mapping):
+        return [_unkeyed(value) for value in fetches.values()]
+    if isinstance(fetches, (list, tuple)):
+        return [_unkeyed(value) for value in fetches]
+    return fetches
 
 
 def _reaches_collective(graph, names: tuple) -> bool:

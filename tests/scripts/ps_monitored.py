@@ -42,30 +42,26 @@ from ps_train import LEARNING_RATE, OUTPUTS, IMAGE, data, model, sync_queues_and
 import numpy as np
 
 
-def moving_statistics():
-    return [v for v in tf1.global_variables() if "moving_" in v.op.name]
-
-
 def build(workers, index, cluster):
     here = f"/job:worker/replica:0/task:{index}/cpu:0"
     with tf1.device(tf1.train.replica_device_setter(worker_device=here, cluster=cluster)):
         global_step = tf1.train.get_or_create_global_step()
         x, t = tf1.placeholder(tf.float32, [None, *IMAGE]), tf1.placeholder(tf.float32, [None, OUTPUTS])
         with tf1.variable_scope("v"):
-            y, stats = model(x)
+            y, stats, moving = model(x)
         loss = 0.5 * tf.reduce_sum(tf.square(y - t))
         with tf.control_dependencies(tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)):
             minimize = tf1.train.GradientDescentOptimizer(LEARNING_RATE).minimize(loss, global_step=global_step)
     step_end = sync_queues_and_barrier("sync_queues_step_end_", [minimize], workers, index,
                                        "/job:ps/replica:0/task:0/cpu:0")
     train_op = tf.group(minimize, step_end)
-    return x, t, global_step, {"train": train_op, "loss": loss, "stats": stats}
+    return x, t, global_step, moving, {"train": train_op, "loss": loss, "stats": stats}
 
 
 def train(target, cluster, workers, index, sizes, steps, checkpoints, exit_after=0, freeze_after=0):
     with tf.Graph().as_default():
-        x, t, global_step, fetches = build(workers, index, cluster)
-        trained, moving = tf1.trainable_variables(), moving_statistics()
+        x, t, global_step, moving, fetches = build(workers, index, cluster)
+        trained = tf1.trainable_variables()
         config = tf1.ConfigProto(inter_op_parallelism_threads=2, intra_op_parallelism_threads=1)
         got = {"loss": [], "stats": []}
         with tf1.train.MonitoredTrainingSession(master=target, is_chief=index == 0, checkpoint_dir=checkpoints,
@@ -90,22 +86,9 @@ def train(target, cluster, workers, index, sizes, steps, checkpoints, exit_after
 
 
 def reference(sizes, steps):
-    """ps_train.reference (one device, the concatenated batch: per-shard losses, batch statistics,
-    trainable variables) and its moving statistics after the last step (`moving`)."""
-    graph = tf.Graph()
-    with graph.as_default():
-        x, t = tf1.placeholder(tf.float32, [None, *IMAGE]), tf1.placeholder(tf.float32, [None, OUTPUTS])
-        with tf1.variable_scope("v"):
-            y, _ = model(x)
-        with tf.control_dependencies(tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)):
-            train_op = tf1.train.GradientDescentOptimizer(LEARNING_RATE).minimize(0.5 * tf.reduce_sum(tf.square(y - t)))
-        moving = moving_statistics()
-        with tf1.Session(config=tf1.ConfigProto(device_count={"CPU": 1})) as sess:
-            sess.run(tf1.global_variables_initializer())
-            for step in range(steps):
-                sess.run(train_op, dict(zip((x, t), data(sum(sizes), step))))
-            statistics = sess.run(moving)
-    return dict(ps_train.reference(sizes, steps), moving=np.concatenate([v.ravel() for v in statistics]))
+    """ps_train.reference: one device, the concatenated batch (per-shard losses, batch statistics,
+    trainable variables, moving statistics)."""
+    return ps_train.reference(sizes, steps)
 
 
 def wait_between_checks(seconds):

@@ -1,7 +1,9 @@
 """tf.function calls in graph mode (`PartitionedCall`/`StatefulPartitionedCall`) whose bodies run a
-training batch norm, inlined into the main graph before the rewrite: the other modules then see an
-ordinary fused op, or the `If` of a tensor training flag, instead of a function body that
-get_operations() cannot list and _update_input cannot reach.
+training batch norm, or a hand-written batch statistic (graphsync/match/batch_axis.py finds it in
+the body), inlined into the main graph before the rewrite: the other modules then see an ordinary
+fused op, the `If` of a tensor training flag, or a reduction to synchronize, instead of a function
+body that get_operations() cannot list and _update_input cannot reach. Calls nested in an inlined
+body are inlined in turn (imported, they have no gradient function).
 
 Per call, the body is imported under the call's name (`tower_0/StatefulPartitionedCall_inlined/…`,
 so that its layers pair across towers as the calls do; not `<call>/…`, the names TensorFlow gives
@@ -40,10 +42,10 @@ from graphsync import match
 from graphsync.graph import tf_private
 from graphsync.errors import GraphsyncError
 from graphsync.graph.reroute import reroute_control_outputs, reroute_outputs
-from graphsync.match.hidden import CALL_TYPES, INLINE_REMEDY as REMEDY, INLINED_ATTR, is_inlined
+from graphsync.match.hidden import CALL_TYPES, INLINE_REMEDY as REMEDY, INLINED_ATTR, INLINED_SUFFIX, is_inlined
 
 
-INLINED_SUFFIX = "_inlined"   # never the call's own name: TensorFlow inlines a call it runs as `<call>/<node>`
+# INLINED_SUFFIX: never the call's own name: TensorFlow inlines a call it runs as `<call>/<node>`
 _IF_TYPES = ("If", "StatelessIf")
 _HANDLE_PASSING = frozenset(match.FUNCTION_CALL_TYPES) | {"Identity", "Switch", "Merge"}
 

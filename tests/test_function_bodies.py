@@ -1,12 +1,12 @@
 """Batch statistics inside function bodies (graphsync/match/batch_axis.py follows tf.function calls
 and the branches of control flow v2's If): a hand-written statistic in a @tf.function every tower
-calls is inlined (graphsync/splice/inline.py) and synchronized as a reduction, one step then equals
-one device on the concatenated batch (the un-rewritten graph does not); a call that only carries
-the batch (gelu) neither ends the trace nor is inlined; a statistic in a tf.cond branch is refused
-in one line, the graph untouched.
+calls is inlined (graphsync/splice/inline.py), with its gradient call when gradients are built, and
+synchronized as a reduction: one step then equals one device on the concatenated batch (the
+un-rewritten graph does not); a call that only carries the batch (gelu) neither ends the trace nor
+is inlined; a statistic in a tf.cond branch is refused in one line, the graph untouched.
 
 Three uneven towers, float64: tolerance from towerlib.tolerance (2·u·√n, 4e-15); measured ≤ 1e-15,
-un-rewritten 0.03 and more. Measured errors are printed by `-s`.
+un-rewritten 0.1 and more. Measured errors are printed by `-s`.
 """
 import functools
 import re
@@ -76,8 +76,9 @@ def _errors(form, gradients="before", rewrite=True):
     return {k: tl.max_rel_error(got[k], ref[k]) for k in ("output", "loss", "grads", "variables")}, reports
 
 
-@pytest.mark.parametrize("form,gradients", [("mean_only", "before"), ("reduce_variance", "before-sum"),
-                                            ("nested", "before")])
+@pytest.mark.parametrize("form,gradients", [("mean_only", "before"), ("mean_only", "after"),
+                                            ("reduce_variance", "before-sum"), ("reduce_variance", "after"),
+                                            ("nested", "before"), ("nested", "after")])
 def test_a_statistic_in_a_tf_function_every_tower_calls_equals_one_device(form, gradients):
     with warnings.catch_warnings():
         warnings.simplefilter("error", graphsync.GraphsyncWarning)   # nothing left per tower
@@ -90,19 +91,6 @@ def test_a_statistic_in_a_tf_function_every_tower_calls_equals_one_device(form, 
     assert report.layers and {l.kind for l in report.layers} == {"reduction"}, str(report)
     assert max(errors.values()) < tolerance, (errors, tolerance)
     assert unsynchronized["output"] > 3 * tolerance and unsynchronized["grads"] > 3 * tolerance, unsynchronized
-
-
-def test_a_statistic_in_a_call_whose_gradient_is_built_is_refused_in_one_line():
-    """Its gradient is another call, differentiated per tower: refused, the graph untouched."""
-    graphs = []
-    with pytest.raises(graphsync.GraphsyncError) as refused:
-        tl.build(_model("mean_only"), list(BATCHES), dtype=tf.float64,
-                 rewrite=lambda g: graphs.append((g, g.as_graph_def())) or graphsync.rewrite_towers(g))
-    message = str(refused.value)
-    assert "\n" not in message and re.match(r"tower_0/PartitionedCall \(PartitionedCall\) computes a batch "
-                                            r"statistic inside a tf.function \(Mean \(Mean\)", message), message
-    (graph, before), = graphs
-    assert graph.as_graph_def() == before
 
 
 @pytest.mark.parametrize("gradients", ["after", "before"])
@@ -152,3 +140,17 @@ def test_a_statistic_in_a_cond_branch_is_refused_in_one_line_and_a_metric_there_
     before = built.graph.as_graph_def()
     report = graphsync.rewrite_towers(built.graph)
     assert not report.changed and built.graph.as_graph_def() == before, report.summary
+
+
+@pytest.mark.parametrize("gradients", ["after", "before"])
+def test_allreduce_and_a_second_rewrite_changes_nothing(gradients):
+    """The inlined calls are no longer run nor traced: the second rewrite finds the reductions synchronized."""
+    (x, t), ref, tolerance = _reference("reduce_variance")
+    built = tl.build(_model("reduce_variance"), list(BATCHES), gradients=gradients, dtype=tf.float64,
+                     rewrite=lambda g: graphsync.rewrite_towers(g, strategy="allreduce"))
+    got = tl.run_step(built, x, t, list(BATCHES))
+    errors = {k: tl.max_rel_error(got[k], ref[k]) for k in ("output", "loss", "grads", "variables")}
+    assert max(errors.values()) < tolerance, errors
+    before = built.graph.as_graph_def()
+    assert not graphsync.rewrite_towers(built.graph, strategy="allreduce").changed
+    assert built.graph.as_graph_def() == before

@@ -120,7 +120,6 @@ def _match_and_pair(graph: tf.Graph, towers, device, process_group, candidates, 
     _reject_hidden([op for op in hiding if op not in calls], in_towers)
     if len(in_towers) > 1 or process_group is not None:
         _reject_unfused_in_calls(unfused, in_towers)
-        _reject_differentiated_statistics(statistics, analysis, in_towers)
         if calls:   # planned once inlined (splice/inline.py)
             return Plan(tuple(found_towers), device or "", (), tuple(skipped), found_by=found_by, calls=tuple(calls))
     if not live:
@@ -170,22 +169,6 @@ def _imported(op: tf.Operation) -> bool:
     """A call an inlined body held (nested calls): imported, it has no gradient function, so it is
     inlined too, whatever its body computes."""
     return hidden.INLINED_SUFFIX + "/" in op.name
-
-
-def _reject_differentiated_statistics(calls, analysis, towers) -> None:
-    """Refuses a tower's call holding a hand-written batch statistic whose gradient is already
-    built: that gradient is another function call, differentiated per tower, which graphsync does
-    not inline (it inlines batch-norm gradients only), so inlining the forward alone would train wrong."""
-    for op in calls:
-        crossed = analysis.cross.get(op)
-        if crossed is None or crossed.how != "body" or tower_of(op.name, towers) is None:
-            continue
-        if any(batch_axis.is_gradient_op(reader) for t in op.outputs for reader in t.consumers()):
-            name, inner, _ = crossed.inner
-            raise GraphsyncError(
-                f"{op.name} ({op.type}) computes a batch statistic inside a tf.function ({inner.name} "
-                f"({inner.type}) in {name}) whose gradient is already built, which graphsync cannot synchronize: "
-                f"rewrite before building the gradients, or {hidden.INLINE_REMEDY}")
 
 
 def _towers(graph: tf.Graph, candidates, live, hiding, towers):

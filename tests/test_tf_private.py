@@ -227,6 +227,18 @@ def test_function_body_attrs_and_control_inputs_of_a_created_op():
     assert first.get_attr("_graphsync_mark") is True and second.control_inputs == [first]
 
 
+def test_function_graph_has_the_callers_shapes_on_its_arguments():
+    """function_graph gives a FunctionDef as a FuncGraph: inputs and outputs in the call's order,
+    the arguments shaped as the call's inputs (batch_axis traces the body through them)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, [None, 3])
+        y = tf.function(lambda a: a * 2.0, autograph=False)(x)
+    body = tf_private.function_graph(graph, tf_private.function_library(graph)[y.op.get_attr("f").name], [x.shape])
+    assert len(body.inputs) == 1 and body.inputs[0].shape.as_list() == [None, 3] and len(body.outputs) == 1
+    assert body.inputs[0].consumers()[0].type == "Mul"
+
+
 def test_cache_branch_graphs_is_where_cond_v2_looks_for_an_imported_ifs_branches():
     """An imported If carries no branch FuncGraphs; once cached, its gradient reads them (a
     gradient that rebuilt them inside tf.gradients' colocation would pin the variable read to

@@ -69,6 +69,14 @@ def function_body(graph: tf.Graph, fdef):
         return function_def_to_graph.function_def_to_graph_def(fdef)
 
 
+def function_graph(graph: tf.Graph, fdef, input_shapes):
+    """A FunctionDef of `graph` as a FuncGraph whose arguments have `input_shapes` (the calling
+    op's inputs'), to read its ops as tensors and consumers; nested functions looked up in `graph`."""
+    from tensorflow.python.framework import function_def_to_graph  # pylint: disable=import-outside-toplevel
+    with graph.as_default():
+        return function_def_to_graph.function_def_to_graph(fdef, input_shapes=input_shapes)
+
+
 def cache_branch_graphs(op: tf.Operation) -> None:
     """Builds an If's branch FuncGraphs outside any context and caches them where cond_v2 looks
     first (`_true_graph`, `_false_graph`, as cond_v2 leaves them on the Ifs it builds). An If that

@@ -21,6 +21,17 @@ Einsum), does so in a kernel (training-mode FusedBatchNorm*), or orders or selec
 
 A reshape that splits the batch into several axes carries it on all of them; a reduction over
 some of those is partial (ghost batch norm), over all of them full.
+
+Function bodies are a tower's forward too: a tf.function call (PartitionedCall,
+StatefulPartitionedCall) or a control flow v2 If has its bodies traced (`Analysis.bodies`), seeded
+with the batch axes of the op's inputs, once per (function, input axes); the bodies' outputs carry
+their axes to the op's, so gelu or swish in a call (tf_keras' ConvNeXt, RegNet) no longer end the
+trace, and a body that ends its own trace ends it at the op, with the reason. A body holding a
+statistic — a cross-example op read back into the examples there, or for a call returned — makes
+the op a cross-example op itself (how "body", `CrossOp.inner` naming the op inside): graphsync
+inlines such a call and synchronizes what it held (graphsync/plan/planner.py), and refuses such
+an If unless it is a conditional batch norm it synchronizes (graphsync/plan/rule.py). A `While`
+still ends the trace.
 """
 from __future__ import annotations
 
@@ -30,7 +41,8 @@ import re
 import numpy as np
 import tensorflow as tf
 
-from graphsync.graph import shapes
+from graphsync.graph import shapes, tf_private
+from graphsync.match.hidden import INLINED_ATTR
 
 _GRADIENT_SCOPE = re.compile(r"(?:^|/)gradients(?:_\d+)?/")
 
@@ -77,6 +89,7 @@ class CrossOp:
     op: tf.Operation
     how: str
     partial: bool = False
+    inner: tuple = ()           # how == "body": (function name, the body's op, why it is a statistic there)
 
 
 @dataclasses.dataclass
@@ -84,6 +97,8 @@ class Analysis:
     batch: dict                 # tensor ref → frozenset of the axes that carry the batch
     cross: dict                 # op → CrossOp, in the order found
     ended: list                 # (op, why) where a trace ended: an op type the table does not know, …
+    bodies: dict = dataclasses.field(default_factory=dict)   # call or If op → [(function name, body Analysis)]
+    outputs: tuple = ()         # a function body's: its output tensors, in order
 
     def carries(self, tensor: tf.Tensor) -> bool:
         return bool(self.batch.get(tensor.ref()))
@@ -95,19 +110,25 @@ def is_gradient_op(op: tf.Operation) -> bool:
 
 def analyze(graph: tf.Graph, ops=None) -> Analysis:
     """Traces the batch axes through `graph` (or from `ops`, the graph's ops, when given)."""
-    batch, cross, ended = {}, {}, {}
-    queue = []
+    seeds = []
     for op in ops if ops is not None else graph.get_operations():
         if op.type in SOURCES and not is_gradient_op(op):
-            for t in op.outputs:
-                if t.shape.rank is None or t.shape.rank >= 1:
-                    batch[t.ref()] = frozenset({0})
-                    queue.append(t)
+            seeds += [(t, frozenset({0})) for t in op.outputs if t.shape.rank is None or t.shape.rank >= 1]
+    return _trace(seeds, _Bodies(graph))
+
+
+def _trace(seeds, bodies) -> Analysis:
+    batch, cross, ended, called = {}, {}, {}, {}
+    queue = []
+    for t, axes in seeds:
+        if axes:
+            batch[t.ref()] = axes
+            queue.append(t)
     seen_ops = set()
     while queue:
         tensor = queue.pop()
         for op in tensor.consumers():
-            if is_gradient_op(op):
+            if is_gradient_op(op) or INLINED_ATTR in op.node_def.attr:   # an inlined call no longer runs
                 continue
             ins = [batch.get(t.ref()) for t in op.inputs]
             key = (op, tuple(ins))
@@ -115,7 +136,10 @@ def analyze(graph: tf.Graph, ops=None) -> Analysis:
                 continue
             seen_ops.add(key)
             try:
-                outs, crossed = _apply(op, ins)
+                if op.type in _CALLS or op.type in _IFS:
+                    outs, crossed, called[op] = _function_op(op, ins, bodies)
+                else:
+                    outs, crossed = _apply(op, ins)
             except _End as why:
                 ended.setdefault(op, str(why))
                 continue
@@ -128,7 +152,97 @@ def analyze(graph: tf.Graph, ops=None) -> Analysis:
                 if axes and batch.get(t.ref()) != axes and t.ref() not in batch:
                     batch[t.ref()] = axes
                     queue.append(t)
-    return Analysis(batch, cross, list(ended.items()))
+    return Analysis(batch, cross, list(ended.items()), called)
+
+
+# ---------------------------------------------------------------------------------------------
+# Function bodies: tf.function calls and the branches of control flow v2's If, traced like the
+# graph, seeded with the batch axes of the op's inputs on the body's arguments.
+
+_CALLS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
+_IFS = frozenset({"If", "StatelessIf"})
+
+
+class _Bodies:
+    """The function bodies of one graph, each traced once per (function name, input axes)."""
+
+    def __init__(self, graph: tf.Graph):
+        self.graph, self._library, self._traced = graph, None, {}
+
+    def trace(self, name: str, inputs, ins) -> Analysis:
+        key = (name, tuple(ins))
+        if key not in self._traced:
+            if self._library is None:
+                self._library = tf_private.function_library(self.graph)
+            fdef = self._library.get(name)
+            if fdef is None:
+                raise _End(f"its function {name} is not in the graph's library")
+            self._traced[key] = None   # a recursive call ends the trace
+            body = tf_private.function_graph(self.graph, fdef, [t.shape for t in inputs])
+            found = _trace(list(zip(body.inputs, ins)), self)
+            found.outputs = tuple(body.outputs)
+            self._traced[key] = found
+        found = self._traced[key]
+        if found is None:
+            raise _End(f"{name} calls itself")
+        if found.ended:
+            op, why = found.ended[0]
+            raise _End(f"in its function {name}, {op.name} ({op.type}): {why}")
+        return found
+
+
+def _function_op(op, ins, bodies):
+    """(each output's batch axes, a CrossOp "body" when a body holds a batch statistic, the bodies
+    traced) for a tf.function call or an If."""
+    if op.type in _CALLS:
+        names, args = [op.get_attr("f").name], list(op.inputs)
+    else:
+        if ins[0]:
+            raise _End("an If whose predicate carries the batch")
+        names, args = [op.get_attr(k).name for k in ("then_branch", "else_branch")], list(op.inputs)[1:]
+        ins = ins[1:]
+    traced = [(name, bodies.trace(name, args, ins)) for name in names]
+    outs = []
+    for k in range(len(op.outputs)):
+        found = {body.batch.get(body.outputs[k].ref()) for _, body in traced} - {None}
+        if len(found) > 1:
+            raise _End("branches that carry the batch on different axes")
+        outs.append(found.pop() if found else None)
+    for name, body in traced:
+        for crossed in body.cross.values():
+            why = _statistic_in_body(body, crossed, returned=op.type in _CALLS)
+            if why is not None:
+                return outs, CrossOp(op, "body", inner=(name, crossed.op, why)), traced
+    return outs, None, traced
+
+
+def _statistic_in_body(body: Analysis, crossed: CrossOp, returned: bool):
+    """Why a cross-example op of a body is a statistic there, or None: read back into the
+    examples inside the body (a body may read no variable: any tensor carrying the batch counts),
+    or (`returned`: a call, which graphsync inlines to see where it goes) handed out through the
+    body's outputs. An If's branch that returns a value computed from the whole batch without
+    reading it back is judged terminal (tf_keras' If, a metric's)."""
+    if crossed.how == "body":
+        name, inner, why = crossed.inner
+        return f"calls {name}, whose {inner.name} ({inner.type}) {why}"
+    found, why = verdict(body, crossed)
+    if found != TERMINAL:
+        return why
+    how = why.split(";")[0]
+    outputs = {t.ref() for t in body.outputs}
+    seen, stack = {crossed.op}, [crossed.op]
+    while stack:
+        for t in stack.pop().outputs:
+            if returned and t.ref() in outputs:
+                return f"{how}; the function returns it ({t.name})"
+            for reader in t.consumers():
+                if reader in seen:
+                    continue
+                seen.add(reader)
+                if any(body.carries(o) for o in reader.outputs):
+                    return f"{how}, and {reader.name} reads it back into the examples"
+                stack.append(reader)
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -552,6 +666,10 @@ def verdict(analysis: Analysis, crossed: CrossOp, tower_of=None, skip=frozenset(
     outside them), so that a value combined with other towers' (a merge reading several towers, a
     collective) counts as synchronized; `skip`: ops the walk does not enter."""
     op = crossed.op
+    if crossed.how == "body":
+        name, inner, why = crossed.inner
+        where = "calls" if op.type in _CALLS else "runs the branch"
+        return STATISTIC, f"{where} {name}, whose {inner.name} ({inner.type}) {why}"
     how = {"reduce": "reduces over the batch", "contract": "contracts over the batch",
            "kernel": "normalizes with its batch statistics (training mode)",
            "order": "orders or selects among the examples"}[crossed.how]

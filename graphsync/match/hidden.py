@@ -13,6 +13,7 @@ GRADIENT_TYPES = ("FusedBatchNormGrad", "FusedBatchNormGradV2", "FusedBatchNormG
 STARTS = FUNCTION_CALL_TYPES   # the op types that may hide a batch norm (see match.starting_types)
 CALL_TYPES = ("PartitionedCall", "StatefulPartitionedCall")   # tf.function calls, which graphsync inlines
 INLINED_ATTR = "_graphsync_inlined"   # marks a call graphsync/splice/inline.py inlined: it no longer runs
+INLINED_SUFFIX = "_inlined"   # graphsync/splice/inline.py imports a call's body under `<call>_inlined/`
 INLINE_REMEDY = "call the function's Python code directly (without tf.function) when building the towers"
 
 

@@ -13,7 +13,7 @@ import tensorflow as tf
 from graphsync import match
 from graphsync.errors import GraphsyncError, NoTowersError
 from graphsync.graph import order, shapes, tf_private
-from graphsync.match import hidden
+from graphsync.match import batch_axis, hidden
 from graphsync.match.candidate import MomentsParts
 from graphsync.plan import reductions, rule, shared_tasks, training_flag
 from graphsync.plan.data import LayerPlan, MomentsGrad, Plan, Site
@@ -27,9 +27,10 @@ def make_plan(graph: tf.Graph, towers=None, device: str | None = None, *, strate
               group_size: int | None = None, process_group=None, recompute: bool = False) -> Plan:
     """Everything the splice needs, validated; raises GraphsyncError and leaves the graph alone."""
     candidates = match.candidates(graph)
-    plan = _match_and_pair(graph, towers, device, process_group, candidates)
+    analysis = batch_axis.analyze(graph)
+    plan = _match_and_pair(graph, towers, device, process_group, candidates, analysis)
     covered = rule.covered_ops(graph, plan.layers, candidates)
-    rows, analysis = rule.verdicts(graph, plan.towers, towers is not None, covered,
+    rows, analysis = rule.verdicts(graph, plan.towers, towers is not None, covered, analysis=analysis,
                                    processes=process_group is not None)
     if not plan.calls:   # else planned again once the calls are inlined
         if process_group is None:   # reductions are summed over one graph's towers, not across processes
@@ -103,12 +104,14 @@ def _canonical(device: str) -> str:
     return tf.DeviceSpec.from_string(device).to_string() if device else ""
 
 
-def _match_and_pair(graph: tf.Graph, towers, device, process_group, candidates) -> Plan:
+def _match_and_pair(graph: tf.Graph, towers, device, process_group, candidates, analysis) -> Plan:
     """Candidates → towers → layers paired across towers; a Plan without the options' checks."""
     skipped = [(c.name, c.skip_reason) for c in candidates if c.skip_reason]
     live = [c for c in candidates if not c.skip_reason]
     explicit = towers is not None
     hiding, unfused = _calls_hiding(graph, candidates)
+    statistics = [op for op in _calls_with_statistics(analysis) if op not in hiding and op not in unfused]
+    hiding = hiding + statistics
     found_towers, found_by, left_out = _towers(graph, candidates, live, hiding + unfused, towers)
     # Between-graph replication with no towers: one replica per worker graph, the whole graph.
     whole_graph = find_towers([], [ROOT]) if not found_towers and process_group is not None else None
@@ -149,6 +152,23 @@ def _calls_hiding(graph: tf.Graph, candidates) -> tuple[list, list]:
     understood = {c.op for c in candidates if c.kind == "conditional" and c.parts}
     fused_calls, unfused_calls = _calls_hiding_batch_norm(graph)
     return [op for op in fused_calls if op not in understood], [op for op in unfused_calls if op not in fused_calls]
+
+
+def _calls_with_statistics(analysis) -> list:
+    """The tf.function calls whose bodies hold a batch statistic (batch_axis: a cross-example op
+    over a batch-carrying argument, read back into the examples or returned): inlined like the calls
+    hiding a batch norm, so that the rule sees it in the main graph and plan/reductions.py
+    synchronizes it as if written without tf.function. Calls that only carry the batch (gelu,
+    swish) are left alone."""
+    found = [op for op, crossed in analysis.cross.items() if crossed.how == "body" and op.type in hidden.CALL_TYPES]
+    found += [op for op in analysis.bodies if op.type in hidden.CALL_TYPES and _imported(op)]
+    return sorted({op for op in found if not hidden.is_inlined(op)}, key=tf_private.creation_order)
+
+
+def _imported(op: tf.Operation) -> bool:
+    """A call an inlined body held (nested calls): imported, it has no gradient function, so it is
+    inlined too, whatever its body computes."""
+    return hidden.INLINED_SUFFIX + "/" in op.name
 
 
 def _towers(graph: tf.Graph, candidates, live, hiding, towers):

@@ -7,7 +7,10 @@ the first edit; after the rewrite the same analysis runs again on the result (`c
     terminal      it only reaches losses, metrics, summaries, variable updates: per tower, as one expects
     ghost         a reduction over part of the batch (virtual batches): per tower by design
     per tower     a form graphsync keeps per tower and says so (weights per channel)
-    refused       a batch statistic no form synchronizes, or a sort/top-k/arg-max over the batch read back
+    refused       a batch statistic no form synchronizes, or a sort/top-k/arg-max over the batch read back,
+                  or one in a tf.cond branch (an If, named with the op in its branch)
+
+A tf.function call holding a statistic is no row here: the planner inlines it first (Plan.calls).
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ import tensorflow as tf
 
 from graphsync.errors import GraphsyncError
 from graphsync.graph import tf_private
-from graphsync.match import batch_axis
+from graphsync.match import batch_axis, conditional
 from graphsync.match.candidate import MomentsParts, PerTower
 from graphsync.match.fused import made_by_graphsync
 from graphsync.match.reductions import statistics_ops
@@ -45,6 +48,8 @@ def covered_ops(graph: tf.Graph, layers, candidates=()) -> dict:
             for op in _statistics(site.op, site.parts):
                 covered[op] = batch_axis.SYNCHRONIZED
     for cand in candidates:
+        if cand.kind == "conditional" and cand.parts is not None and conditional.is_rewritten(cand.op, cand.parts):
+            covered[cand.op] = batch_axis.SYNCHRONIZED   # its branches' batch norm: an earlier rewrite's
         if isinstance(cand.skip_reason, PerTower):
             for op in _statistics(cand.op, cand.parts):
                 covered.setdefault(op, cand.skip_reason)

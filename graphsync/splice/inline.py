@@ -1,7 +1,9 @@
 """tf.function calls in graph mode (`PartitionedCall`/`StatefulPartitionedCall`) whose bodies run a
-training batch norm, inlined into the main graph before the rewrite: the other modules then see an
-ordinary fused op, or the `If` of a tensor training flag, instead of a function body that
-get_operations() cannot list and _update_input cannot reach.
+training batch norm, or a hand-written batch statistic (graphsync/match/batch_axis.py finds it in
+the body), inlined into the main graph before the rewrite: the other modules then see an ordinary
+fused op, the `If` of a tensor training flag, or a reduction to synchronize, instead of a function
+body that get_operations() cannot list and _update_input cannot reach. Calls nested in an inlined
+body are inlined in turn (imported, they have no gradient function).
 
 Per call, the body is imported under the call's name (`tower_0/StatefulPartitionedCall_inlined/…`,
 so that its layers pair across towers as the calls do; not `<call>/…`, the names TensorFlow gives
@@ -21,7 +23,10 @@ that also returns its intermediates, differentiated by a call of a backward func
 them (and dy). Every call that reads an inlined call's outputs and runs a batch-norm gradient is
 inlined too, after the forward, so that its arguments are the forward's inlined tensors: its
 gradient `If` (or FusedBatchNormGrad) then reads the forward `If` (or fused op) directly, as it
-would had the model been written without tf.function.
+would had the model been written without tf.function. The gradient call of a call holding a
+hand-written statistic is inlined too, its `gradients/<op>_grad/…` scopes renamed
+`gradients/<call>_inlined/<op>_grad/…`: tf.gradients' names for the gradient of the inlined forward
+op, by which graphsync/plan/reductions.py finds it.
 
 The old calls stay in the graph, read by nothing, so they do not run; INLINED_ATTR marks them so
 that they are not looked at again. A tensor held in Python from before the rewrite still names the
@@ -33,6 +38,8 @@ graph that cannot be planned once inlined, raises with the graph untouched.
 """
 from __future__ import annotations
 
+import re
+
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2, graph_pb2
 
@@ -40,11 +47,13 @@ from graphsync import match
 from graphsync.graph import tf_private
 from graphsync.errors import GraphsyncError
 from graphsync.graph.reroute import reroute_control_outputs, reroute_outputs
-from graphsync.match.hidden import CALL_TYPES, INLINE_REMEDY as REMEDY, INLINED_ATTR, is_inlined
+from graphsync.match.hidden import CALL_TYPES, INLINE_REMEDY as REMEDY, INLINED_ATTR, INLINED_SUFFIX, is_inlined
 
 
-INLINED_SUFFIX = "_inlined"   # never the call's own name: TensorFlow inlines a call it runs as `<call>/<node>`
+# INLINED_SUFFIX: never the call's own name: TensorFlow inlines a call it runs as `<call>/<node>`
 _IF_TYPES = ("If", "StatelessIf")
+_GRADIENTS = re.compile(r"gradients(?:_\d+)?")
+_GRADIENT_SCOPE = re.compile(r"(?:^|/)gradients(?:_\d+)?/")
 _HANDLE_PASSING = frozenset(match.FUNCTION_CALL_TYPES) | {"Identity", "Switch", "Merge"}
 
 
@@ -87,11 +96,14 @@ def inline_calls(graph: tf.Graph, calls: list) -> list[str]:
     inlined = []
     for call in calls:
         gradients = sorted({c for t in call.outputs for c in t.consumers()
-                            if c.type in CALL_TYPES and match.called_functions(c) & backward and not is_inlined(c)},
+                            if c.type in CALL_TYPES and not is_inlined(c) and
+                            (match.called_functions(c) & backward or _GRADIENT_SCOPE.search(c.name))},
                            key=tf_private.creation_order)
         for op in [call] + gradients:
+            # a statistic's gradient call: its gradient scopes renamed after the inlined forward's ops
+            renamed = None if op is call or match.called_functions(op) & backward else call.name + INLINED_SUFFIX
             try:
-                _inline(graph, op, library, forward=op is call)
+                _inline(graph, op, library, forward=op is call, renamed=renamed)
             except (ValueError, KeyError, TypeError, tf.errors.OpError) as exc:
                 raise GraphsyncError(f"{op.name} ({op.type}) runs a batch norm inside a tf.function's body, "
                                      f"which graphsync could not inline ({' '.join(str(exc).split())}): "
@@ -100,13 +112,15 @@ def inline_calls(graph: tf.Graph, calls: list) -> list[str]:
     return inlined
 
 
-def _inline(graph: tf.Graph, call: tf.Operation, library: dict, forward: bool) -> None:
+def _inline(graph: tf.Graph, call: tf.Operation, library: dict, forward: bool, renamed=None) -> None:
     """One call (module docstring). The Ifs of a forward body get their branch graphs cached for
     gradients built later (tf_private.cache_branch_graphs); a backward body's are left to be
     rebuilt if ever differentiated again (a second-order gradient), which is rare and costs 2 ms
     an If."""
     fdef = library[call.get_attr("f").name]
     graph_def, names = tf_private.function_body(graph, fdef)
+    if renamed:
+        names = _rename_gradient_scopes(graph_def, names, renamed)
     inputs = dict(zip((arg.name for arg in fdef.signature.input_arg), call.inputs))
     body, input_map = _without_arguments(graph_def, inputs)
     returned = [fdef.ret[arg.name] for arg in fdef.signature.output_arg]
@@ -125,6 +139,30 @@ def _inline(graph: tf.Graph, call: tf.Operation, library: dict, forward: bool) -
     reroute_outputs(call, outputs)
     reroute_control_outputs(call, list({t.op: None for t in outputs if t.op in new_ops}) + list(found))
     tf_private.set_attr(call, INLINED_ATTR, attr_value_pb2.AttrValue(b=True))
+
+
+def _rename_gradient_scopes(graph_def, names: dict, forward: str) -> dict:
+    """A backward body's `gradients/<op>_grad/…` nodes renamed `gradients/<forward>/<op>_grad/…`,
+    the scopes tf.gradients gives the gradient of `<forward>/<op>` (the inlined forward's op), so
+    that graphsync/match/gradients.py finds them as if the model had been written without
+    tf.function; returns `names` with the new node names."""
+    def new(name):
+        first, _, rest = name.partition("/")
+        return f"{first}/{forward}/{rest}" if rest and _GRADIENTS.fullmatch(first) else name
+
+    def ref(tensor):
+        control = tensor.startswith("^")
+        node, sep, index = tensor.lstrip("^").partition(":")
+        return ("^" if control else "") + new(node) + sep + index
+
+    for node in graph_def.node:
+        node.name = new(node.name)
+        node.input[:] = [ref(r) for r in node.input]
+        if "_class" in node.attr:
+            kept = [b"loc:@" + new(c.decode().partition("@")[2]).encode() for c in node.attr["_class"].list.s]
+            del node.attr["_class"].list.s[:]
+            node.attr["_class"].list.s.extend(kept)
+    return {k: ref(v) for k, v in names.items()}
 
 
 def _without_arguments(graph_def, inputs: dict):

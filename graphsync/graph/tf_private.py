@@ -77,6 +77,17 @@ def function_graph(graph: tf.Graph, fdef, input_shapes):
         return function_def_to_graph.function_def_to_graph(fdef, input_shapes=input_shapes)
 
 
+def branch_graph(op: tf.Operation, name: str):
+    """The FuncGraph of the If `op`'s branch function `name` that cond_v2 left on the op when it
+    built it in this process (None otherwise): what function_graph would rebuild, for free."""
+    for cached in ("_true_graph", "_false_graph"):
+        graph = getattr(op, cached, None)
+        if graph is not None and graph.name == name and len(graph.inputs) == len(op.inputs) - 1 \
+                and len(graph.outputs) == len(op.outputs):
+            return graph
+    return None
+
+
 def cache_branch_graphs(op: tf.Operation) -> None:
     """Builds an If's branch FuncGraphs outside any context and caches them where cond_v2 looks
     first (`_true_graph`, `_false_graph`, as cond_v2 leaves them on the Ifs it builds). An If that

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import weakref
 
 import numpy as np
 import tensorflow as tf
@@ -114,7 +115,7 @@ def analyze(graph: tf.Graph, ops=None) -> Analysis:
     for op in ops if ops is not None else graph.get_operations():
         if op.type in SOURCES and not is_gradient_op(op):
             seeds += [(t, frozenset({0})) for t in op.outputs if t.shape.rank is None or t.shape.rank >= 1]
-    return _trace(seeds, _Bodies(graph))
+    return _trace(seeds, _Bodies.of(graph))
 
 
 def _trace(seeds, bodies) -> Analysis:
@@ -164,22 +165,39 @@ _IFS = frozenset({"If", "StatelessIf"})
 
 
 class _Bodies:
-    """The function bodies of one graph, each traced once per (function name, input axes)."""
+    """The function bodies of one graph, each traced once per (function name, input shapes, input
+    axes), and kept with the graph: a rewrite analyzes its graph twice (the plan, then the check of
+    the result), and building a body's FuncGraph is most of a body's cost (tf_keras' two Ifs per
+    batch norm: a second on DenseNet121 × 4). A function's body never changes under its name."""
+
+    _of_graph = weakref.WeakKeyDictionary()
+
+    @classmethod
+    def of(cls, graph: tf.Graph) -> "_Bodies":
+        if graph not in cls._of_graph:
+            cls._of_graph[graph] = cls(graph)
+        return cls._of_graph[graph]
 
     def __init__(self, graph: tf.Graph):
         self.graph, self._library, self._traced = graph, None, {}
 
-    def trace(self, name: str, inputs, ins) -> Analysis:
-        key = (name, tuple(ins))
+    def trace(self, name: str, inputs, ins, op=None) -> Analysis:
+        key = (name, tuple(str(t.shape) for t in inputs), tuple(ins))
         if key not in self._traced:
-            if self._library is None:
+            if self._library is None or name not in self._library:   # functions added since
                 self._library = tf_private.function_library(self.graph)
             fdef = self._library.get(name)
             if fdef is None:
                 raise _End(f"its function {name} is not in the graph's library")
             self._traced[key] = None   # a recursive call ends the trace
-            body = tf_private.function_graph(self.graph, fdef, [t.shape for t in inputs])
-            found = _trace(list(zip(body.inputs, ins)), self)
+            try:
+                body = tf_private.branch_graph(op, name) if op is not None else None
+                if body is None:
+                    body = tf_private.function_graph(self.graph, fdef, [t.shape for t in inputs])
+                found = _trace(list(zip(body.inputs, ins)), self)
+            except BaseException:
+                del self._traced[key]
+                raise
             found.outputs = tuple(body.outputs)
             self._traced[key] = found
         found = self._traced[key]
@@ -201,7 +219,7 @@ def _function_op(op, ins, bodies):
             raise _End("an If whose predicate carries the batch")
         names, args = [op.get_attr(k).name for k in ("then_branch", "else_branch")], list(op.inputs)[1:]
         ins = ins[1:]
-    traced = [(name, bodies.trace(name, args, ins)) for name in names]
+    traced = [(name, bodies.trace(name, args, ins, op if op.type in _IFS else None)) for name in names]
     outs = []
     for k in range(len(op.outputs)):
         found = {body.batch.get(body.outputs[k].ref()) for _, body in traced} - {None}

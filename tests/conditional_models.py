@@ -9,12 +9,11 @@ each with `flag(graph)`: the flag tensor the script would feed (True: train, Fal
 from __future__ import annotations
 
 import contextlib
-import importlib
-import sys
 
 import tensorflow as tf
 
 import models
+import towerlib as tl
 
 tf1 = tf.compat.v1
 _flags: dict = {}
@@ -64,10 +63,7 @@ def layers_bn(depth=2):
 
 
 def slim():
-    for name in ("", ".base", ".core", ".convolutional", ".normalization", ".pooling"):
-        sys.modules.setdefault("tf_keras.legacy_tf_layers" + name,
-                               importlib.import_module("tf_keras.src.legacy_tf_layers" + name))
-    import tf_slim
+    tf_slim = tl.import_tf_slim()
 
     def model(x):
         before = set(tf1.get_collection(tf1.GraphKeys.UPDATE_OPS))

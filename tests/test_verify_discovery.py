@@ -10,10 +10,8 @@ of different sizes, exchanges that must change every tower's set of examples, an
 """
 from __future__ import annotations
 
-import importlib
 import json
 import os
-import sys
 
 import numpy as np
 import pytest
@@ -21,6 +19,7 @@ import tensorflow as tf
 from click.testing import CliRunner
 
 import graphsync
+import towerlib as tl
 from cli.main import main
 from graphsync import io as gio
 from graphsync.verification import DEFAULT_TOLERANCE
@@ -37,11 +36,7 @@ def _invoke(*args):
 
 
 def _tf_slim():
-    """tf_slim, with the tf_keras module names its batch_norm expects (see shared tf-notes)."""
-    for name in ("", ".base", ".core", ".convolutional", ".normalization", ".pooling"):
-        sys.modules.setdefault("tf_keras.legacy_tf_layers" + name,
-                               importlib.import_module("tf_keras.src.legacy_tf_layers" + name))
-    return importlib.import_module("tf_slim")
+    return tl.import_tf_slim()
 
 
 # --------------------------------------------------------------------------------------------

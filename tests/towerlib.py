@@ -213,3 +213,15 @@ def _flat(value):
             yield from _flat(v)
     else:
         yield value
+
+
+def import_tf_slim():
+    """tf_slim, whose batch_norm reaches TensorFlow's lazily loaded tf_keras.legacy_tf_layers, which
+    tf_keras 2.21 ships as tf_keras.src.legacy_tf_layers."""
+    import importlib
+    import sys
+    for name in ("", ".base", ".core", ".convolutional", ".normalization", ".pooling"):
+        sys.modules.setdefault("tf_keras.legacy_tf_layers" + name,
+                               importlib.import_module("tf_keras.src.legacy_tf_layers" + name))
+    import tf_slim
+    return tf_slim

@@ -140,7 +140,7 @@ def _one_tower_job(gate_gradients):
     graph = tf.Graph()
     with graph.as_default():
         x, t = tf1.placeholder(tf.float32, [None, 6, 6, 3]), tf1.placeholder(tf.float32, [None, 5])
-        y, _ = ps_train.model(x)
+        y = ps_train.model(x)[0]
         params = tf1.trainable_variables()
         grads = tf.gradients(tf.reduce_sum(tf.square(y - t)), params, gate_gradients=gate_gradients)
         with tf.control_dependencies(tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)):

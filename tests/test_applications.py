@@ -14,15 +14,13 @@ The default run takes four families' small models; set
 GRAPHSYNC_ALL_APPLICATIONS=1 for every model of tf_keras.applications (about 40 minutes on 2 cores).
 """
 import os
-import warnings
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-import graphsync
 import tf_keras
-import towerlib as tl
+import whole_models
 
 tf1 = tf.compat.v1
 
@@ -32,8 +30,6 @@ EVERY = sorted(name for name in dir(tf_keras.applications) if name[0].isupper()
 MODELS = EVERY if os.environ.get("GRAPHSYNC_ALL_APPLICATIONS") == "1" else SMALLEST
 MIN_SIZE = {"InceptionV3": 75, "InceptionResNetV2": 75, "Xception": 71, "NASNetMobile": 224, "NASNetLarge": 331}
 SIZES = [1, 2]
-FLOOR = 1e-9
-CONDITIONED = 1e-2   # above this one device disagrees with itself: no comparison can mean anything
 
 
 def _build(name):
@@ -70,40 +66,6 @@ def _build(name):
     return graph, inputs, outputs, (reference, reordered), train, init, size
 
 
-def _run(graph, inputs, outputs, references, train, init, feed, step):
-    """(error of the towers against one device, that device's own noise)."""
-    with tf1.Session(graph=graph, config=tl.CONFIG) as sess:
-        sess.run(init)
-        got, (want, reordered) = sess.run([outputs, references], feed)
-        if step:
-            sess.run(train, feed)
-    return tl.max_rel_error(np.concatenate(got), want), tl.max_rel_error(reordered, want)
-
-
 @pytest.mark.parametrize("name", MODELS)
 def test_application_rewrites_and_equals_one_device(name):
-    graph, inputs, outputs, reference, train, init, size = _build(name)
-    x = np.random.RandomState(0).rand(sum(SIZES), size, size, 3)
-    feed = dict(zip(inputs, np.split(x, np.cumsum(SIZES)[:-1])))
-    unsynced, _ = _run(graph, inputs, outputs, reference, train, init, feed, step=False)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", graphsync.GraphsyncWarning)
-            plan, _ = graphsync.rewrite.plan_towers(graph)
-            report = graphsync.rewrite_towers(graph)
-    except graphsync.GraphsyncError as refused:   # a refusal is legal: one line, the graph unchanged
-        assert "\n" not in str(refused)
-        return
-    assert len(report.layers) == len(plan.layers)
-    error, noise = _run(graph, inputs, outputs, reference, train, init, feed, step=True)
-    tolerance = max(4 * noise, FLOOR)
-    print(f"{name}: {len(report.layers)} layers, error {error:.2g}, one device's noise {noise:.2g}, "
-          f"unsynchronized {unsynced:.2g}")
-    if noise > CONDITIONED:
-        assert name not in SMALLEST, f"{name} is ill-conditioned at {size}×{size}: take it out of SMALLEST"
-        return
-    assert error <= tolerance, (error, noise, unsynced)
-    if report.layers:
-        assert unsynced > 3 * tolerance, (unsynced, tolerance)
-    else:   # nothing to synchronize (layer norm): the graph's towers were right already
-        assert unsynced <= tolerance, (unsynced, tolerance)
+    whole_models.check(name, _build(name), SIZES, SMALLEST)

@@ -22,22 +22,19 @@ device; its own noise; unsynchronized):
     vgg_a/16/19, alexnet_v2, overfeat   no batch norm   ≤ 6.1e-15, as before the rewrite
 """
 import os
-import warnings
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-import graphsync
 import towerlib as tl
+import whole_models
 
 tf1 = tf.compat.v1
 slim = tl.import_tf_slim()
 from tf_slim.nets import alexnet, inception, overfeat, resnet_v1, resnet_v2, vgg  # noqa: E402
 
 SIZES = [1, 2]
-FLOOR = 1e-9
-CONDITIONED = 1e-2   # above this one device disagrees with itself: no comparison can mean anything
 
 # name → (net function, its arg scope, input size, extra keyword arguments)
 _RESNET = dict(global_pool=True)
@@ -97,41 +94,6 @@ def _build(name):
     return graph, inputs, outputs, (reference, reordered), train, init, size
 
 
-def _run(graph, inputs, outputs, references, train, init, feed, step):
-    """(error of the towers against one device, that device's own noise)."""
-    with tf1.Session(graph=graph, config=tl.CONFIG) as sess:
-        sess.run(init)
-        got, (want, reordered) = sess.run([outputs, references], feed)
-        if step:
-            sess.run(train, feed)
-    return tl.max_rel_error(np.concatenate(got), want), tl.max_rel_error(reordered, want)
-
-
 @pytest.mark.parametrize("name", NAMES)
 def test_slim_net_rewrites_and_equals_one_device(name):
-    graph, inputs, outputs, reference, train, init, size = _build(name)
-    x = np.random.RandomState(0).rand(sum(SIZES), size, size, 3)
-    feed = dict(zip(inputs, np.split(x, np.cumsum(SIZES)[:-1])))
-    unsynced, _ = _run(graph, inputs, outputs, reference, train, init, feed, step=False)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", graphsync.GraphsyncWarning)
-            plan, _ = graphsync.rewrite.plan_towers(graph)
-            report = graphsync.rewrite_towers(graph)
-    except graphsync.GraphsyncError as refused:   # a refusal is legal: one line, the graph unchanged
-        assert "\n" not in str(refused)
-        assert name not in DEFAULT, f"{name} refused: {refused}"
-        return
-    assert len(report.layers) == len(plan.layers)
-    error, noise = _run(graph, inputs, outputs, reference, train, init, feed, step=True)
-    tolerance = max(4 * noise, FLOOR)
-    print(f"{name}: {len(report.layers)} layers, error {error:.2g}, one device's noise {noise:.2g}, "
-          f"unsynchronized {unsynced:.2g}")
-    if noise > CONDITIONED:
-        assert name not in DEFAULT, f"{name} is ill-conditioned at {size}×{size}: take it out of DEFAULT"
-        return
-    assert error <= tolerance, (error, noise, unsynced)
-    if report.layers:
-        assert unsynced > 3 * tolerance, (unsynced, tolerance)
-    else:   # no batch norm (vgg): the towers were right already
-        assert unsynced <= tolerance, (unsynced, tolerance)
+    whole_models.check(name, _build(name), SIZES, DEFAULT, refusals_allowed=False)

@@ -5,6 +5,7 @@ shadow the standard library's inspect module.)
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import click
@@ -81,6 +82,7 @@ def _inspection(loaded, plan, n_ops: int, inlined: list) -> dict:
             "cross_example": [{"op": r.op, "type": r.type, "tower": r.tower, "verdict": r.verdict, "why": r.why}
                               for r in plan.cross_example],
             "trace_ended": [{"op": op, "why": why} for op, why in plan.trace_ended],
+            "unfollowed": [dataclasses.asdict(u) for u in plan.unfollowed],
             "summary": summary}
 
 
@@ -144,6 +146,10 @@ def _format_inspection(info: dict, verbose: bool) -> str:
                          + f": {r['why']}")
         if len(shown) < len(rows):
             lines.append(f"  … {len(rows) - len(shown)} synchronized with the layers above (-v lists them)")
+    if info.get("unfollowed"):
+        lines.append(f"not checked, past where the batch axis's trace ended ({len(info['unfollowed'])}):")
+        lines.extend(f"  {u['op']} ({u['type']}): read back into the model; past {u['end']}"
+                     for u in info["unfollowed"])
     if verbose and info.get("trace_ended"):
         lines.append(f"where the batch axis's trace ended ({len(info['trace_ended'])}):")
         lines.extend(f"  {t['op']}: {t['why']}" for t in info["trace_ended"])

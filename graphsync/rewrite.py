@@ -114,6 +114,7 @@ def _rewrite(graph, towers, device, strategy, group_size, process_group, recompu
         rule.check_rewritten(graph, plan, plan.covered, made_after)
     report.shared_moving = shared_averages.leave_to_first_worker(graph, shared_writes, process_group)
     _say_kept_per_tower(plan.kept_per_tower)
+    _say_unfollowed(plan.unfollowed)
     _say_repeated_updates(moving_updates.repeated(moving_writes))
     if plan.recompute:
         report.recompute_deferred = sum(not layer.has_gradients and layer.kind != "reduction"
@@ -154,6 +155,16 @@ def _say_kept_per_tower(kept: list) -> None:
         others = f" (and {more} more: report.skipped, graphsync inspect)" if more else ""
         warnings.warn(f"{len(kept)} batch statistic{'s' if len(kept) > 1 else ''} in the towers "
                       f"stay{'' if len(kept) > 1 else 's'} per tower, unsynchronized: {op}: {why}{others}",
+                      GraphsyncWarning, stacklevel=4)
+
+
+def _say_unfollowed(found: tuple) -> None:
+    """A GraphsyncWarning when a reduction past where the batch axis's trace ended is read back
+    into the model (graphsync/match/unfollowed.py): it may be a batch statistic left per tower."""
+    if found:
+        more = f" (and {len(found) - 1} more: graphsync inspect)" if len(found) > 1 else ""
+        warnings.warn(f"{found[0].line()}{more}: graphsync cannot tell whether it is a batch statistic, which "
+                      "would stay per tower; if it is, write it with tf.nn.moments or a fused batch norm",
                       GraphsyncWarning, stacklevel=4)
 
 

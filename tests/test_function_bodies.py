@@ -116,6 +116,14 @@ def _in_a_branch(x):
     return tf.reduce_mean(_conv(tf.nn.relu(h), "c2", WIDTH), [1, 2]), []
 
 
+def _returned_by_a_branch(x):   # the batch mean in training, the moving mean else: read back outside the If
+    training = tf1.placeholder_with_default(True, [], name="training")
+    h = _conv(x, "c1")
+    moving = tf1.get_variable("moving_mean", [4], h.dtype, tf1.zeros_initializer(), trainable=False)
+    h = h - tf.cond(training, lambda: tf.reduce_mean(h, [0, 1, 2]), lambda: tf.identity(moving))
+    return tf.reduce_mean(_conv(tf.nn.relu(h), "c2", WIDTH), [1, 2]), []
+
+
 def _metric_in_a_branch(x):   # a value of the whole batch returned by a branch, read back by nothing: terminal
     training = tf1.placeholder_with_default(True, [], name="training")
     h = _conv(x, "c1")
@@ -126,16 +134,18 @@ def _metric_in_a_branch(x):   # a value of the whole batch returned by a branch,
 
 @pytest.mark.parametrize("gradients", ["after", "before"])
 def test_a_statistic_in_a_cond_branch_is_refused_in_one_line_and_a_metric_there_left_alone(gradients):
-    graphs = []
-    with pytest.raises(graphsync.GraphsyncError) as refused:
-        tl.build(_in_a_branch, list(BATCHES), dtype=tf.float64, gradients=gradients,
-                 rewrite=lambda g: graphs.append((g, g.as_graph_def())) or graphsync.rewrite_towers(g))
-    message = str(refused.value)
-    assert "\n" not in message and re.match(r"tower_0/cond \((Stateless)?If\) computes a batch statistic .* runs "
-                                            r"the branch \S+, whose Mean \(Mean\) reduces over the batch", message), \
-        message
-    (graph, before), = graphs
-    assert graph.as_graph_def() == before
+    for model, read_back in ((_in_a_branch, ", and .* reads it back"), (_returned_by_a_branch, "; its body "
+                                                                        r"returns it .*, and tower_0/\S+ reads it back")):
+        graphs = []
+        with pytest.raises(graphsync.GraphsyncError) as refused:
+            tl.build(model, list(BATCHES), dtype=tf.float64, gradients=gradients,
+                     rewrite=lambda g: graphs.append((g, g.as_graph_def())) or graphsync.rewrite_towers(g))
+        message = str(refused.value)
+        assert "\n" not in message and re.match(r"tower_0/cond \((Stateless)?If\) computes a batch statistic .* runs "
+                                                r"the branch \S+, whose Mean \(Mean\) reduces over the batch"
+                                                + read_back, message), message
+        (graph, before), = graphs
+        assert graph.as_graph_def() == before
     built = tl.build(_metric_in_a_branch, list(BATCHES), dtype=tf.float64, gradients=gradients)
     before = built.graph.as_graph_def()
     report = graphsync.rewrite_towers(built.graph)

@@ -139,6 +139,30 @@ def test_verdicts_synchronized_ghost_terminal_and_where_the_trace_ended():
                for r in plan.cross_example), plan.cross_example   # virtual batches: said, kept per tower
     assert any(v == "terminal" for v in by_op.values())
     assert any(op.startswith("tower_0/") and "Bitcast" in op for op, _ in plan.trace_ended), plan.trace_ended
+    assert plan.unfollowed == (), plan.unfollowed   # past the Bitcast only a loss: nothing read back
+
+
+def test_a_reduction_past_where_the_trace_ended_read_back_is_said_in_one_line():
+    """Past an op the tracer cannot follow the batch's axes are unknown: a mean there that the
+    model reads back may be a batch statistic, and graphsync says so (match/unfollowed.py)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        for i, n in enumerate(BATCHES):
+            with tf.device(f"/cpu:{i}"), tf1.name_scope(f"tower_{i}"), \
+                    tf1.variable_scope("model", reuse=tf1.AUTO_REUSE):
+                h = _conv(tf1.placeholder(tf.float32, [n, 6, 6, 3], name="x"), "c1")
+                h = tf.raw_ops.Bitcast(input=tf.raw_ops.Bitcast(input=h, type=tf.int32), type=tf.float32)
+                h = h - tf.reduce_mean(h, [0, 1, 2])                    # unseen by the rule: no axes past Bitcast
+                tf.reduce_sum(tf.square(_conv(h, "c2")))
+        plan, _ = graphsync.rewrite.plan_towers(graph)
+        assert [(u.op, u.end) for u in plan.unfollowed] == [
+            (f"tower_{i}/model/Mean", f"tower_{i}/model/Bitcast") for i in (2, 1, 0)] or \
+            sorted(u.op for u in plan.unfollowed) == [f"tower_{i}/model/Mean" for i in range(3)], plan.unfollowed
+        with pytest.warns(graphsync.GraphsyncWarning) as said:
+            graphsync.rewrite_towers(graph)
+    message, = [str(w.message) for w in said]
+    assert "\n" not in message and message.startswith("tower_") and "/model/Mean (Mean) reduces a tensor the batch " \
+        "axis could not be followed into (past tower_" in message and "(and 2 more: graphsync inspect)" in message, message
 
 
 def test_the_analysis_runs_again_after_the_rewrite():

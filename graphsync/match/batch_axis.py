@@ -75,6 +75,7 @@ WriteHistogramSummary WriteImageSummary Print PrintV2 Assert NoOp SaveV2 Save Sa
 """.split())
 _ORDER = frozenset("TopKV2 TopK ArgMax ArgMin Cumsum Cumprod CumulativeLogsumexp Unique UniqueV2 UniqueWithCounts".split())
 _FUSED = frozenset({"FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3"})
+REDUCTION_TYPES, ORDER_TYPES = _REDUCTIONS, _ORDER   # for graphsync/match/unfollowed.py
 _VARIABLES = frozenset({"VariableV2", "Variable", "VarHandleOp", "ReadVariableOp", "ResourceGather"})
 
 
@@ -91,6 +92,7 @@ class CrossOp:
     how: str
     partial: bool = False
     inner: tuple = ()           # how == "body": (function name, the body's op, why it is a statistic there)
+    returned: bool = False      # how == "body", an If: its branch only returns the value; the graph decides
 
 
 @dataclasses.dataclass
@@ -226,12 +228,16 @@ def _function_op(op, ins, bodies):
         if len(found) > 1:
             raise _End("branches that carry the batch on different axes")
         outs.append(found.pop() if found else None)
+    returning = None
     for name, body in traced:
         for crossed in body.cross.values():
             why = _statistic_in_body(body, crossed, returned=op.type in _CALLS)
             if why is not None:
                 return outs, CrossOp(op, "body", inner=(name, crossed.op, why)), traced
-    return outs, None, traced
+            if returning is None and op.type in _IFS:
+                why = _statistic_in_body(body, crossed, returned=True)
+                returning = why and CrossOp(op, "body", inner=(name, crossed.op, why), returned=True)
+    return outs, returning, traced
 
 
 def _statistic_in_body(body: Analysis, crossed: CrossOp, returned: bool):
@@ -252,7 +258,7 @@ def _statistic_in_body(body: Analysis, crossed: CrossOp, returned: bool):
     while stack:
         for t in stack.pop().outputs:
             if returned and t.ref() in outputs:
-                return f"{how}; the function returns it ({t.name})"
+                return f"{how}; its body returns it ({t.name})"
             for reader in t.consumers():
                 if reader in seen:
                     continue
@@ -687,7 +693,14 @@ def verdict(analysis: Analysis, crossed: CrossOp, tower_of=None, skip=frozenset(
     if crossed.how == "body":
         name, inner, why = crossed.inner
         where = "calls" if op.type in _CALLS else "runs the branch"
-        return STATISTIC, f"{where} {name}, whose {inner.name} ({inner.type}) {why}"
+        how = f"{where} {name}, whose {inner.name} ({inner.type}) {why}"
+        if not crossed.returned:
+            return STATISTIC, how
+        reader, merged = _flows_back(analysis, op, tower_of, skip, budget)
+        if reader is None:
+            return (SYNCHRONIZED, f"{how}; {merged.name} combines it with the other towers'") if merged else \
+                (TERMINAL, f"{how}; nothing reads it back into the examples")
+        return STATISTIC, f"{how}, and {reader.name} reads it back into the examples"
     how = {"reduce": "reduces over the batch", "contract": "contracts over the batch",
            "kernel": "normalizes with its batch statistics (training mode)",
            "order": "orders or selects among the examples"}[crossed.how]
@@ -726,7 +739,7 @@ def _flows_back(analysis: Analysis, op: tf.Operation, tower_of, skip, budget):
                     continue
                 if reader.type in ("Mul", "MulNoNan") and _times_zero(reader):
                     continue
-                if any(analysis.carries(o) for o in reader.outputs) and _reads_variable(reader):
+                if any(analysis.carries(o) for o in reader.outputs) and reads_variable(reader):
                     return reader, merged
                 stack.append(reader)
     return None, merged
@@ -757,7 +770,8 @@ def _times_zero(op) -> bool:
     return False
 
 
-def _reads_variable(op: tf.Operation, depth: int = 3) -> bool:
+def reads_variable(op: tf.Operation, depth: int = 3) -> bool:
+    """Whether `op` takes one of the model's variables in (through a few reads, casts, reshapes)."""
     frontier = [t.op for t in op.inputs]
     for _ in range(depth):
         if any(o.type in _VARIABLES for o in frontier):

@@ -13,7 +13,7 @@ import tensorflow as tf
 from graphsync import match
 from graphsync.errors import GraphsyncError, NoTowersError
 from graphsync.graph import order, shapes, tf_private
-from graphsync.match import batch_axis, hidden
+from graphsync.match import batch_axis, hidden, unfollowed
 from graphsync.match.candidate import MomentsParts
 from graphsync.plan import reductions, rule, shared_tasks, training_flag
 from graphsync.plan.data import LayerPlan, MomentsGrad, Plan, Site
@@ -37,7 +37,8 @@ def make_plan(graph: tf.Graph, towers=None, device: str | None = None, *, strate
             plan, rows, covered = _with_reductions(graph, plan, rows, analysis, covered, towers is not None)
         rule.refuse(rows)
     plan = dataclasses.replace(plan, cross_example=rows, covered=covered,
-                               trace_ended=tuple((op.name, why) for op, why in analysis.ended))
+                               trace_ended=tuple((op.name, why) for op, why in analysis.ended),
+                               unfollowed=_unfollowed(plan, analysis, covered, process_group))
     layers, skipped = _in_forward_order(graph, plan.layers, plan.skipped)
     plan = dataclasses.replace(plan, layers=tuple(layers), skipped=tuple(skipped), strategy=strategy,
                                process_group=process_group, recompute=bool(recompute),
@@ -52,6 +53,18 @@ def make_plan(graph: tf.Graph, towers=None, device: str | None = None, *, strate
     if strategy == "allreduce":
         _check_own_devices(plan)
     return plan
+
+
+def _unfollowed(plan: Plan, analysis, covered: dict, process_group) -> tuple:
+    """The reductions the rule could not check (match/unfollowed.py), where towers could differ:
+    several towers in the graph (the plan's, else those the trace ended in), or worker processes."""
+    towers = list(plan.towers)
+    if len(towers) < 2 and process_group is None:
+        towers = find_towers([op.name for op, _ in analysis.ended], None) if analysis.ended else []
+        if len([t for t in towers if t.prefix != ROOT]) < 2:
+            return ()
+    towers = towers or find_towers([], [ROOT])
+    return tuple(unfollowed.unfollowed(analysis, lambda op: tower_of(op.name, towers) is not None, covered))
 
 
 def _with_reductions(graph: tf.Graph, plan: Plan, rows, analysis, covered: dict, explicit: bool):

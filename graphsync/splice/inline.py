@@ -105,7 +105,7 @@ def inline_calls(graph: tf.Graph, calls: list) -> list[str]:
             try:
                 _inline(graph, op, library, forward=op is call, renamed=renamed)
             except (ValueError, KeyError, TypeError, tf.errors.OpError) as exc:
-                raise GraphsyncError(f"{op.name} ({op.type}) runs a batch norm inside a tf.function's body, "
+                raise GraphsyncError(f"{op.name} ({op.type}) runs a batch statistic inside a tf.function's body, "
                                      f"which graphsync could not inline ({' '.join(str(exc).split())}): "
                                      f"{REMEDY}") from None
             inlined.append(op.name)

@@ -70,6 +70,13 @@ def _min_max_scaling(h):
     return _affine((h - low) / (tf.reduce_max(h, [0, 1], keepdims=True) - low + 1.0), "bn")
 
 
+def _after_atrous(h):
+    """DeepLab's atrous convolution (SpaceToBatchND, Conv2D, BatchToSpaceND), then a batch variance."""
+    w = tf1.get_variable("atrous", [3, 3, h.shape[-1], 4], h.dtype, tf1.random_normal_initializer(stddev=0.3, seed=6))
+    h = tf.nn.atrous_conv2d(h, w, 2, "SAME")
+    return _affine(h * tf.math.rsqrt(tf.math.reduce_variance(h, [0, 1, 2]) + EPSILON), "bn")
+
+
 FORMS = {   # name: h -> normalized h, written as users write them
     "reduce_variance": lambda h: _affine(h * tf.math.rsqrt(tf.math.reduce_variance(h, [0, 1, 2]) + EPSILON), "bn"),
     "reduce_std": lambda h: _affine(h / (tf.math.reduce_std(h, [0, 1, 2]) + EPSILON), "bn"),
@@ -78,6 +85,7 @@ FORMS = {   # name: h -> normalized h, written as users write them
     "weighted_folded": _weighted_folded,
     "evonorm_b0": _evonorm_b0,
     "min_max_scaling": _min_max_scaling,
+    "after_atrous": _after_atrous,
     "masked_sequence": None,   # [N, T, C] with a mask per step: _sequence_model
 }
 STATIC = ("weighted_folded",)   # built with static batch sizes per tower (the rest: dynamic)

@@ -5,6 +5,8 @@ statistic nothing synchronizes is refused in one line, the graph left as it was 
 fixed crop and batch sizes, 3 uneven towers), where it used to train per tower without a word.
 Losses, metrics, summaries, layer norm: left exactly as they were.
 """
+import re
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -38,18 +40,30 @@ FORMS = {   # the issue's table: written as users write them; each trained per t
     "top-k read back": lambda h: h - tf.reduce_mean(tf.math.top_k(tf.transpose(h, [1, 2, 3, 0]), 2)[0], [0, 1, 3]),
     "max centring": lambda h: h - tf.reduce_max(h, [0, 1, 2]),
     "batch contraction": lambda h: h + tf.matmul(tf.reshape(h, [-1, 4]), tf.reshape(h, [-1, 4]), transpose_a=True)[0],
+    # sums a synchronization would get wrong: what meets them depends on the tower's share of the batch
+    "shift from an example": lambda h: h - (tf.reduce_mean(h - tf.stop_gradient(h[:1]), [0, 1, 2])
+                                            + tf.reduce_mean(tf.stop_gradient(h[:1]), [0, 1, 2])),
+    "count from the shape": lambda h: h - tf.reduce_sum(h, [0, 1, 2]) / tf.cast(tf.shape(h)[0] * 36, h.dtype),
+    "count as a constant": lambda h: h - tf.reduce_sum(h, [0, 1, 2]) / float(h.shape[0] * 36),
+    "count from the size": lambda h: h - tf.reduce_sum(h, [0, 1, 2]) * (4.0 / tf.cast(tf.size(h), h.dtype)),
+}
+TOWER_DEPENDENT = {   # plan/tower_dependent.py: the value each refusal names
+    "shift from an example": r"made with tower_0/model/strided_slice \(StridedSlice: a slice that selects some of",
+    "count from the shape": r"meets tower_0/model/Cast \(Cast: the tower's own count of elements, 72\)",
+    "count as a constant": r"meets tower_0/model/truediv/y \(Const: the tower's own count of elements, 72\)",
+    "count from the size": r"meets tower_0/model/truediv \(RealDiv: the tower's own count of elements, 72\)",
 }
 SYNCHRONIZED = ("weighted_moments, folded", "reduce_variance", "reduce_std", "mean only", "hand mask", "max centring")
 REFUSED = tuple(form for form in FORMS if form not in SYNCHRONIZED)   # no sum over the towers makes them one device's
 
 
-def _static_towers(form, batches=BATCHES):
+def _static_towers(form, batches=BATCHES, dynamic=False):
     graph = tf.Graph()
     with graph.as_default():
         for i, n in enumerate(batches):
             with tf.device(f"/cpu:{i}"), tf1.name_scope(f"tower_{i}"), \
                     tf1.variable_scope("model", reuse=tf1.AUTO_REUSE):
-                x = tf1.placeholder(tf.float32, [n, 6, 6, 3], name="x")
+                x = tf1.placeholder(tf.float32, [None if dynamic else n, 6, 6, 3], name="x")
                 h = FORMS[form](_conv(x, "c1"))
                 y = _conv(tf.nn.relu(h), "c2")
                 loss = tf.reduce_sum(tf.square(y))
@@ -75,7 +89,15 @@ def test_what_no_sum_synchronizes_is_refused_in_one_line_and_the_graph_left_alon
         graphsync.rewrite_towers(graph)
     message = str(err.value)
     assert "\n" not in message and message.startswith("tower_0/"), message
+    assert re.search(TOWER_DEPENDENT.get(form, ""), message), message
     assert graph.as_graph_def(add_shapes=False).SerializeToString(deterministic=True) == before
+
+
+@pytest.mark.parametrize("form,named", [("shift from an example", r"strided_slice \(StridedSlice: a slice that selects"),
+                                        ("count from the shape", r"Shape \(Shape: the tower's own batch size\)")])
+def test_with_a_dynamic_batch_the_tower_dependent_value_is_named_too(form, named):
+    with pytest.raises(graphsync.GraphsyncError, match=named):
+        graphsync.rewrite_towers(_static_towers(form, dynamic=True))
 
 
 def _top_k_centred(x):

@@ -65,7 +65,7 @@ Conv2D Conv3D DepthwiseConv2dNative MaxPool MaxPoolV2 AvgPool AvgPool3D MaxPool3
 ResizeBilinear ResizeNearestNeighbor ResizeBicubic ResizeArea SpaceToDepth DepthToSpace ExtractImagePatches
 Conv2DBackpropInput Conv3DBackpropInputV2 MaxPoolWithArgmax FusedResizeAndPadConv2D FusedPadConv2D
 """.split())
-_KEEP = frozenset("Pad PadV2 MirrorPad Tile Slice ReverseV2 Roll Softmax LogSoftmax".split())
+_KEEP = frozenset("Pad PadV2 MirrorPad Tile ReverseV2 Roll Softmax LogSoftmax".split())
 _REDUCTIONS = frozenset("Sum Mean Max Min Prod All Any EuclideanNorm".split())
 _NO_BATCH = frozenset("""
 Shape ShapeN Size Rank BroadcastArgs BroadcastGradientArgs Assign AssignAdd AssignSub AssignVariableOp
@@ -75,7 +75,7 @@ WriteHistogramSummary WriteImageSummary Print PrintV2 Assert NoOp SaveV2 Save Sa
 """.split())
 _ORDER = frozenset("TopKV2 TopK ArgMax ArgMin Cumsum Cumprod CumulativeLogsumexp Unique UniqueV2 UniqueWithCounts".split())
 _FUSED = frozenset({"FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3"})
-REDUCTION_TYPES, ORDER_TYPES = _REDUCTIONS, _ORDER   # for graphsync/match/unfollowed.py
+REDUCTION_TYPES, ORDER_TYPES, ELEMENTWISE = _REDUCTIONS, _ORDER, _UNARY_BINARY   # for other modules' walks
 _VARIABLES = frozenset({"VariableV2", "Variable", "VarHandleOp", "ReadVariableOp", "ResourceGather"})
 
 
@@ -441,6 +441,24 @@ def _reshape(op, ins):
     return [frozenset(found) or None], None
 
 
+def _broadcast_to(op, ins):
+    axes = _only(ins, 0, op)
+    rank_in, rank_out = _rank(op.inputs[0]), _rank(op.outputs[0])
+    if rank_in is None or rank_out is None:
+        raise _End("a broadcast of unknown rank")
+    return [frozenset(a + rank_out - rank_in for a in axes)], None
+
+
+def _space_batch(op, ins):
+    """SpaceToBatchND / BatchToSpaceND (atrous convolution): blocks of the spatial axes moved into
+    the batch axis and back. Axis 0 carries the examples on both sides (with spatial blocks in
+    between, which a reduction over axis 0 and the spatial axes sums all the same)."""
+    axes = _only(ins, 0, op)
+    if axes != frozenset({0}):
+        raise _End("spatial blocks moved into or out of an axis other than the batch's")
+    return [axes], None
+
+
 def _expand_dims(op, ins):
     axes = _only(ins, 0, op)
     rank = _rank(op.inputs[0])
@@ -502,7 +520,18 @@ def _unpack(op, ins):
 def _split(op, ins):
     value = 1 if op.type == "Split" else 0
     axes = _only(ins, value, op)
+    rank, axis = _rank(op.inputs[value]), tf.get_static_value(op.inputs[0 if op.type == "Split" else 2])
+    if axes and (rank is None or axis is None or int(axis) % rank in axes) and len(op.outputs) > 1:
+        raise _End("a split of the examples into parts")
     return [axes] * len(op.outputs), None
+
+
+def _slice(op, ins):
+    axes = _only(ins, 0, op)
+    begin, size = tf.get_static_value(op.inputs[1]), tf.get_static_value(op.inputs[2])
+    if axes and (begin is None or size is None or any(begin[a] != 0 or size[a] != -1 for a in axes)):
+        raise _End("a slice that selects some of the examples")
+    return [axes], None
 
 
 def _strided_slice(op, ins):
@@ -513,7 +542,7 @@ def _strided_slice(op, ins):
         raise _End("a strided slice of unknown rank or computed spec")
     n = int(np.size(begin))
     masks = {k: op.get_attr(k) for k in ("ellipsis_mask", "new_axis_mask", "shrink_axis_mask")}
-    mapping, i_in, i_out = {}, 0, 0
+    mapping, spec, i_in, i_out = {}, {}, 0, 0
     for s in range(n):
         bit = 1 << s
         if masks["ellipsis_mask"] & bit:
@@ -527,14 +556,27 @@ def _strided_slice(op, ins):
             mapping[i_in] = None
             i_in += 1
         else:
-            mapping[i_in] = i_out
+            mapping[i_in], spec[i_in] = i_out, s
             i_in, i_out = i_in + 1, i_out + 1
     while i_in < rank:
         mapping[i_in] = i_out
         i_in, i_out = i_in + 1, i_out + 1
     if any(mapping.get(a) is None for a in axes):
         raise _End("a slice that selects single examples")
+    if any(not _whole(op, spec.get(a), begin) for a in axes):
+        raise _End("a slice that selects some of the examples")
     return [frozenset(mapping[a] for a in axes)], None
+
+
+def _whole(op, s, begin) -> bool:
+    """Whether slice spec `s` of a StridedSlice (None: under the ellipsis) takes a whole axis."""
+    if s is None:
+        return True
+    end, strides = (tf.get_static_value(t) for t in op.inputs[2:4])
+    bit = 1 << s
+    starts = bool(op.get_attr("begin_mask") & bit) or int(np.ravel(begin)[s]) == 0
+    ends = bool(op.get_attr("end_mask") & bit) or (end is not None and int(np.ravel(end)[s]) >= 2 ** 31 - 1)
+    return starts and ends and strides is not None and int(np.ravel(strides)[s]) == 1
 
 
 def _gather(op, ins):
@@ -662,7 +704,9 @@ def _l2_loss(op, ins):
 RULES = {
     "Transpose": _transpose, "Reshape": _reshape, "ExpandDims": _expand_dims, "Squeeze": _squeeze,
     "ConcatV2": _concat, "Concat": lambda op, ins: _concat(op, ins[1:] + ins[:1]), "Pack": _pack,
-    "Unpack": _unpack, "Split": _split, "SplitV": _split, "StridedSlice": _strided_slice,
+    "Unpack": _unpack, "Split": _split, "SplitV": _split, "StridedSlice": _strided_slice, "Slice": _slice,
+    "BroadcastTo": _broadcast_to, "SpaceToBatchND": _space_batch, "BatchToSpaceND": _space_batch,
+    "SpaceToBatch": _space_batch, "BatchToSpace": _space_batch,
     "GatherV2": _gather, "Gather": _gather, "ResourceGather": _gather, "OneHot": _one_hot,
     "MatMul": _matmul, "BatchMatMul": _batch_matmul, "BatchMatMulV2": _batch_matmul,
     "BatchMatMulV3": _batch_matmul, "Einsum": _einsum, "Switch": _switch, "RefSwitch": _switch,

@@ -8,7 +8,9 @@ The same reduction is paired across towers as batch norms are, by its name witho
 prefix (graphsync/towers/names.py). A reduction that cannot be synchronized this way keeps its
 verdict "refused": `Prod` and the other reductions, contractions (MatMul over the
 batch), reductions over computed axes or of unknown rank, integer or half-precision ones,
-reductions under control flow, and one some tower lacks or spells differently.
+reductions under control flow, one some tower lacks or spells differently, and one that a value
+depending on the tower's share of the batch meets (its own batch size, a shift taken from one of
+its examples: graphsync/plan/tower_dependent.py), which its verdict then names.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from graphsync import match
 from graphsync.errors import GraphsyncError
 from graphsync.graph import tf_private
 from graphsync.match.reductions import const_axes
+from graphsync.plan import tower_dependent
 from graphsync.plan.data import LayerPlan, ReductionGrad, Site
 from graphsync.stats import Layout
 from graphsync.towers import names as tower_names
@@ -28,13 +31,16 @@ EXTREMA = ("Max", "Min")
 _DTYPES = (tf.float32, tf.float64)
 
 
-def layer_plans(graph: tf.Graph, rows, analysis, towers) -> list[LayerPlan]:
-    """One LayerPlan per reduction refused in `rows` (rule.verdicts) that every tower of `towers`
-    computes alike and that can be synchronized; the others stay refused."""
+def layer_plans(graph: tf.Graph, rows, analysis, towers) -> tuple[list[LayerPlan], dict]:
+    """(One LayerPlan per reduction refused in `rows` (rule.verdicts) that every tower of `towers`
+    computes alike and that can be synchronized; {op name: why} for those a value depending on the
+    tower's share of the batch meets (plan/tower_dependent.py)). The others stay refused."""
     ops = [graph.get_operation_by_name(r.op) for r in rows if r.verdict == "refused" and r.type in TYPES]
     ops = [op for op in ops if synchronizable(op, analysis)]
+    dependent = {op.name: why for op in ops if (why := tower_dependent.reason(op, analysis))}
+    ops = [op for op in ops if op.name not in dependent]
     if not ops or len(towers) < 2:
-        return []
+        return [], dependent
     per_tower: dict = {}
     for op in ops:
         tower = tower_of(op.name, towers)
@@ -51,7 +57,7 @@ def layer_plans(graph: tf.Graph, rows, analysis, towers) -> list[LayerPlan]:
         layer = _layer_plan(name, sites, scopes)
         if layer is not None:
             layers.append(layer)
-    return layers
+    return layers, dependent
 
 
 def synchronizable(op: tf.Operation, analysis) -> bool:

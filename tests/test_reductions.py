@@ -1,4 +1,5 @@
-"""Reductions the rule finds and no form covers (graphsync/plan/reductions.py, splice/reduction.py):
+"""Reductions the rule finds and no form covers (EvoNorm-B0, Switchable Norm, masked batch norm over
+steps, statistics after an atrous convolution, …) (graphsync/plan/reductions.py, splice/reduction.py):
 one training step of the rewritten graph equals the single-device step on the concatenated batch —
 outputs, per-tower losses, gradients, updated variables — and the un-rewritten graph does not
 (off by more than 3× the tolerance). Three uneven towers; gradients built before and after the
@@ -70,6 +71,21 @@ def _min_max_scaling(h):
     return _affine((h - low) / (tf.reduce_max(h, [0, 1], keepdims=True) - low + 1.0), "bn")
 
 
+def _switchable(h):
+    """Switchable Normalization: softmax-weighted instance, layer and batch statistics, the layer
+    and batch ones made from the instance ones (means over channels, over the batch)."""
+    mean_in, var_in = tf.nn.moments(h, [1, 2], keepdims=True)
+    square_in = var_in + tf.square(mean_in)
+    mean_ln = tf.reduce_mean(mean_in, [3], keepdims=True)
+    var_ln = tf.reduce_mean(square_in, [3], keepdims=True) - tf.square(mean_ln)
+    mean_bn = tf.reduce_mean(mean_in, [0], keepdims=True)
+    var_bn = tf.reduce_mean(square_in, [0], keepdims=True) - tf.square(mean_bn)
+    w_mean, w_var = (tf.nn.softmax(_variable(f"sn_{k}_weights", [3], h.dtype, -1.0, 1.0)) for k in ("mean", "var"))
+    mean = w_mean[0] * mean_in + w_mean[1] * mean_ln + w_mean[2] * mean_bn
+    variance = w_var[0] * var_in + w_var[1] * var_ln + w_var[2] * var_bn
+    return _affine((h - mean) * tf.math.rsqrt(variance + EPSILON), "sn")
+
+
 def _after_atrous(h):
     """DeepLab's atrous convolution (SpaceToBatchND, Conv2D, BatchToSpaceND), then a batch variance."""
     w = tf1.get_variable("atrous", [3, 3, h.shape[-1], 4], h.dtype, tf1.random_normal_initializer(stddev=0.3, seed=6))
@@ -85,6 +101,7 @@ FORMS = {   # name: h -> normalized h, written as users write them
     "weighted_folded": _weighted_folded,
     "evonorm_b0": _evonorm_b0,
     "min_max_scaling": _min_max_scaling,
+    "switchable": _switchable,
     "after_atrous": _after_atrous,
     "masked_sequence": None,   # [N, T, C] with a mask per step: _sequence_model
 }

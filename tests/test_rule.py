@@ -46,14 +46,21 @@ FORMS = {   # the issue's table: written as users write them; each trained per t
     "count from the shape": lambda h: h - tf.reduce_sum(h, [0, 1, 2]) / tf.cast(tf.shape(h)[0] * 36, h.dtype),
     "count as a constant": lambda h: h - tf.reduce_sum(h, [0, 1, 2]) / float(h.shape[0] * 36),
     "count from the size": lambda h: h - tf.reduce_sum(h, [0, 1, 2]) * (4.0 / tf.cast(tf.size(h), h.dtype)),
+    "unbiased, a constant": lambda h: h * tf.math.rsqrt(tf.reduce_sum(tf.square(h), [0, 1, 2]) / float(h.shape[0] * 36 - 1)
+                                                        + 1e-3),
+    # a dropout mask is made from the tower's shape, but holds no count: synchronized
+    "variance after dropout": lambda h: (lambda d: d * tf.math.rsqrt(tf.math.reduce_variance(d, [0, 1, 2]) + 1e-3))(
+        tf.nn.dropout(h, 0.3, seed=1)),
 }
 TOWER_DEPENDENT = {   # plan/tower_dependent.py: the value each refusal names
     "shift from an example": r"made with tower_0/model/strided_slice \(StridedSlice: a slice that selects some of",
     "count from the shape": r"meets tower_0/model/Cast \(Cast: the tower's own count of elements, 72\)",
     "count as a constant": r"meets tower_0/model/truediv/y \(Const: the tower's own count of elements, 72\)",
     "count from the size": r"meets tower_0/model/truediv \(RealDiv: the tower's own count of elements, 72\)",
+    "unbiased, a constant": r"meets tower_0/model/truediv/y \(Const: the tower's own count less one, 71\)",
 }
-SYNCHRONIZED = ("weighted_moments, folded", "reduce_variance", "reduce_std", "mean only", "hand mask", "max centring")
+SYNCHRONIZED = ("weighted_moments, folded", "reduce_variance", "reduce_std", "mean only", "hand mask", "max centring",
+                "variance after dropout")
 REFUSED = tuple(form for form in FORMS if form not in SYNCHRONIZED)   # no sum over the towers makes them one device's
 
 

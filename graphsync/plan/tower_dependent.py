@@ -28,6 +28,8 @@ from graphsync.match import batch_axis
 
 _SIZES = frozenset({"Shape", "ShapeN", "Size"})
 _INDEXING = frozenset({"StridedSlice", "GatherV2", "Gather"})
+_RANDOM = ("Random", "StatelessRandom", "TruncatedNormal", "StatelessTruncatedNormal", "Multinomial",
+           "StatelessMultinomial", "ParameterizedTruncatedNormal")
 _LEAVES = frozenset({"Const", "VariableV2", "VarHandleOp", "ReadVariableOp", "Placeholder", "PlaceholderWithDefault"})
 
 
@@ -67,8 +69,16 @@ def _upstream(tensor: tf.Tensor, analysis, ended: dict, budget: int) -> str | No
             continue
         if any(analysis.carries(i) for i in op.inputs):
             return f"{op.name} ({op.type}: {ended.get(op, 'it takes the batch in and gives none out')})"
-        stack += [(i, op) for i in op.inputs]
+        stack += [(i, op) for i in _values_read(op)]
     return None
+
+
+def _values_read(op: tf.Operation) -> list:
+    """The inputs whose values `op`'s output is made of: not the shape a random op or a fill is
+    given (a dropout mask of the tower's shape is no count of it), nor a seed."""
+    if op.type.startswith(_RANDOM):
+        return []
+    return list(op.inputs)[1:] if op.type == "Fill" else list(op.inputs)
 
 
 def _counts_batch(size: tf.Operation, x: tf.Tensor, via, analysis) -> bool:
@@ -121,16 +131,18 @@ def _own_count(op: tf.Operation) -> float | None:
 
 
 def _is_count(tensor: tf.Tensor, count) -> str | None:
-    """`tensor`, when its value is known before the run and equals the tower's own count or its
-    reciprocal (a divisor read from static shapes): one device would divide by another."""
+    """`tensor`, when its value is known before the run and equals the tower's own count n or n − 1
+    (Bessel's correction), or their reciprocals (a divisor read from static shapes): one device would
+    divide by another."""
     if count is None or count <= 1:
         return None
     value = _value(tensor)
     if value is None or np.size(value) != 1:
         return None
     value = float(np.ravel(value)[0])
-    if np.isclose(value, count) or np.isclose(value * count, 1.0):
-        return f"{tensor.op.name} ({tensor.op.type}: the tower's own count of elements, {count:g})"
+    for n, what in ((count, "the tower's own count of elements"), (count - 1, "the tower's own count less one")):
+        if np.isclose(value, n) or np.isclose(value * n, 1.0):   # less one: Bessel's correction
+            return f"{tensor.op.name} ({tensor.op.type}: {what}, {n:g})"
     return None
 
 

@@ -248,3 +248,17 @@ def test_convnext_like_block_no_longer_ends_the_trace():
     assert not analysis.ended, analysis.ended
     assert analysis.batch[y.ref()] == frozenset({0})
     assert any(c.how == "kernel" for c in analysis.cross.values()), analysis.cross
+
+
+def test_reshape_by_factors_reads_no_order_a_transpose_mixed():
+    """[H, N, C] reshaped to [N·H, C] by a shape computed from the original [N, H, C], and back to
+    [N, H, C]: the rows are h·N + n, not n·H + h, so both axes of the result hold examples."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, [None, None, 3], name="x")
+        s = tf.shape(x)
+        mixed = tf.reshape(tf.transpose(x, [1, 0, 2]), tf.stack([tf.reduce_prod(tf.gather(s, [0, 1])), 3]))
+        back = tf.reshape(mixed, tf.concat([tf.gather(s, [0, 1]), [3]], 0))
+    analysis = batch_axis.analyze(graph)
+    assert analysis.batch[mixed.ref()] == frozenset({0})
+    assert analysis.batch.get(back.ref()) in (frozenset({0, 1}), None), analysis.batch.get(back.ref())

@@ -483,10 +483,11 @@ def _dim_factors(t, memo, depth=0):
         elif op.type == "Reshape":
             value = _shape_value(op.inputs[1], memo, depth + 1)
             if value is not None and not value[0] and all(v is not None for v in value[1]):
-                found = value[1]
-                if all(len(v) == 1 and v[0][0] is None for v in found):   # constant: a regrouping?
-                    found = _regrouped(_dim_factors(op.inputs[0], memo, depth + 1), [v[0][1] for v in found]) \
-                        or found
+                src = _dim_factors(op.inputs[0], memo, depth + 1)
+                if all(len(v) == 1 and v[0][0] is None for v in value[1]):   # constant: a regrouping?
+                    found = _regrouped(src, [v[0][1] for v in value[1]])
+                else:   # computed: only as a regrouping of the input's own factors, in their order
+                    found = _regrouped_as(src, value[1])
     if found is None or len(found) != len(dims):
         found = [None] * len(dims)
     out = []
@@ -515,6 +516,29 @@ def _regrouped(factors, sizes):
             return None
         out.append(group)
     return out if k == len(factors) else None
+
+
+def _regrouped_as(factors, groups):
+    """The input's factors grouped as `groups` (a shape's factors) when these are the same factors
+    in the same order (a dimension read from the same tensor, or of the same static size), else
+    None: a reshape to the shape of another layout (a transposed tensor put back into its
+    original's shape) mixes the factors, and says nothing about which of them holds the examples."""
+    if factors is None:
+        return None
+    flat = [f for axis in factors for f in axis if f[1] != 1]
+    out, k = [], 0
+    for group in groups:
+        regrouped = []
+        for key, size in group:
+            if size == 1:
+                continue
+            if k >= len(flat) or not ((key is not None and key == flat[k][0]) or
+                                      (size is not None and size == flat[k][1])):
+                return None
+            regrouped.append(flat[k])
+            k += 1
+        out.append(regrouped or [(None, 1)])
+    return out if k == len(flat) else None
 
 
 def _shape_value(t, memo, depth=0):

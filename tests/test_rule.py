@@ -243,3 +243,75 @@ def test_between_graph_workers_refuse_what_only_one_graph_could_sum(towers_per_w
     message = str(err.value)
     assert "\n" not in message and "Mean" in message and "across worker processes" in message, message
     assert graph.as_graph_def(add_shapes=False).SerializeToString(deterministic=True) == before
+
+
+def _tensordot_graph(shape, channels=5):
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, shape, name="x")
+        w = tf1.get_variable("w", [shape[-1], channels])
+        y = tf.tensordot(x, w, [[len(shape) - 1], [0]])      # a Dense layer on a 4-D input
+    return graph, x, y
+
+
+@pytest.mark.parametrize("shape", [[None, 4, 4, 3], [2, 4, 4, 3], [None, None, None, 3], [None, 1, 1, 3]])
+def test_reshape_rules_follow_a_computed_shape(shape):
+    """tf.tensordot (tf_keras' Dense on [N, H, W, C]: ConvNeXt's pointwise convs) reshapes to
+    [N·H·W, C] and back with shapes computed from Shape/GatherV2/Prod/ConcatV2 when N is unknown:
+    the trace reads them as the dimensions they gather and carries the batch on N, not on H, W."""
+    graph, x, y = _tensordot_graph(shape)
+    analysis = batch_axis.analyze(graph)
+    assert not analysis.ended, analysis.ended
+    reshapes = [op for op in graph.get_operations() if op.type == "Reshape"]
+    assert len(reshapes) == 2
+    assert analysis.batch[reshapes[0].outputs[0].ref()] == frozenset({0})   # [N·H·W, C]: merged
+    assert analysis.batch[y.ref()] == frozenset({0})                          # [N, H, W, units]
+
+
+def test_reshape_by_computed_shape_keeps_merged_examples_and_reads_nothing_it_cannot_match():
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, [None, None, 3], name="x")
+        s = tf.shape(x)
+        moved = tf.transpose(x, [1, 0, 2])                               # [T, N, 3]
+        merged = tf.reshape(moved, tf.stack([s[1] * s[0], 3]))          # examples inside a mixed axis
+        back = tf.reshape(merged, tf.concat([tf.gather(s, [1, 0]), [3]], 0))   # [T, N, 3] again
+        other = tf1.placeholder(tf.int32, [2], name="other")
+        unmatched = tf.reshape(x, tf.concat([other, [-1]], 0))           # a shape not read from x
+    analysis = batch_axis.analyze(graph)
+    assert analysis.batch[merged.ref()] == frozenset({0})
+    assert analysis.batch[back.ref()] == frozenset({1})
+    assert [op for op, _ in analysis.ended] == [unmatched.op], analysis.ended
+
+
+def test_convnext_like_block_no_longer_ends_the_trace():
+    """tf_keras' ConvNeXt block, small: depthwise conv, layer norm, Dense–gelu–Dense on [N, H, W, C],
+    a batch norm after; the batch norm is found and the trace does not end."""
+    import tf_keras
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, [None, 4, 4, 3], name="x")
+        h = tf_keras.layers.DepthwiseConv2D(3, padding="same")(x)
+        h = tf_keras.layers.LayerNormalization(epsilon=1e-6)(h)
+        h = tf_keras.layers.Dense(8, activation="gelu")(h)
+        h = tf_keras.layers.Dense(3)(h)
+        h = tf_keras.layers.BatchNormalization()(x + h, training=True)
+        y = tf.reduce_mean(h, [1, 2])
+    analysis = batch_axis.analyze(graph)
+    assert not analysis.ended, analysis.ended
+    assert analysis.batch[y.ref()] == frozenset({0})
+    assert any(c.how == "kernel" for c in analysis.cross.values()), analysis.cross
+
+
+def test_reshape_by_factors_reads_no_order_a_transpose_mixed():
+    """[H, N, C] reshaped to [N·H, C] by a shape computed from the original [N, H, C], and back to
+    [N, H, C]: the rows are h·N + n, not n·H + h, so both axes of the result hold examples."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, [None, None, 3], name="x")
+        s = tf.shape(x)
+        mixed = tf.reshape(tf.transpose(x, [1, 0, 2]), tf.stack([tf.reduce_prod(tf.gather(s, [0, 1])), 3]))
+        back = tf.reshape(mixed, tf.concat([tf.gather(s, [0, 1]), [3]], 0))
+    analysis = batch_axis.analyze(graph)
+    assert analysis.batch[mixed.ref()] == frozenset({0})
+    assert analysis.batch.get(back.ref()) in (frozenset({0, 1}), None), analysis.batch.get(back.ref())

@@ -44,13 +44,14 @@ def check(name, built, sizes, defaults, refusals_allowed=True):
             report = graphsync.rewrite_towers(graph)
     except graphsync.GraphsyncError as refused:   # a refusal is legal: one line, the graph unchanged
         assert "\n" not in str(refused)
+        print(f"{name}: refused: {refused}")
         assert refusals_allowed or name not in defaults, f"{name} refused: {refused}"
         return
     assert len(report.layers) == len(plan.layers)
     error, noise = _run(graph, inputs, outputs, references, train, init, feed, step=True)
     tolerance = max(4 * noise, FLOOR)
     print(f"{name}: {len(report.layers)} layers, error {error:.2g}, one device's noise {noise:.2g}, "
-          f"unsynchronized {unsynced:.2g}")
+          f"unsynchronized {unsynced:.2g}, trace ends {len(plan.trace_ended)}")
     if noise > CONDITIONED:
         assert name not in defaults, f"{name} is ill-conditioned at {size}×{size}: take it out of the defaults"
         return

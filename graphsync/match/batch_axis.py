@@ -142,7 +142,7 @@ def _trace(seeds, bodies) -> Analysis:
                 if op.type in _CALLS or op.type in _IFS:
                     outs, crossed, called[op] = _function_op(op, ins, bodies)
                 else:
-                    outs, crossed = _apply(op, ins)
+                    outs, crossed = _apply(op, ins, batch)
             except _End as why:
                 ended.setdefault(op, str(why))
                 continue
@@ -272,8 +272,10 @@ def _statistic_in_body(body: Analysis, crossed: CrossOp, returned: bool):
 # ---------------------------------------------------------------------------------------------
 # The rules: (op, each input's batch axes or None) → (each output's batch axes, CrossOp or None)
 
-def _apply(op, ins):
+def _apply(op, ins, batch=None):
     kind = op.type
+    if kind == "Reshape":   # a computed shape is read against the batch axes traced so far
+        return _reshape(op, ins, batch)
     if kind in _UNARY_BINARY:
         return _broadcast(op, ins), None
     if kind in _NO_BATCH:
@@ -410,8 +412,22 @@ _BATCH_PROBE = 720720   # an unknown batch size divisible by 2…16: a split int
 _OTHER_PROBES = (17, 19, 23, 29, 31, 37, 41, 43)
 
 
-def _reshape(op, ins):
+def _reshape(op, ins, batch=None):
+    """Where the batch axes go through a reshape. Its static shapes first (a constant shape, at
+    most one unknown dimension: the probe sizes below), unless it can be read by structure
+    (`_by_factors`): a shape computed at run time (tf.tensordot's, on an unknown batch size, from
+    `Shape` ops) is read as products of the dimensions it gathers, and an input made by a merging
+    reshape as the axes it merged, so that [N, H, W, C] → [N·H·W, C] → [N, H, W, C] carries the
+    batch on N alone again (the probes, on the merged axis alone, would keep it on N, H and W)."""
     axes = _only(ins, 0, op)
+    if batch is not None:   # by its factors first: they say more than sizes
+        found = _by_factors(op, axes, batch)
+        if found is not None:
+            return [found], None
+    return _by_probes(op, axes)
+
+
+def _by_probes(op, axes):
     dims_in, dims_out = shapes.dims(op.inputs[0].shape), shapes.dims(op.outputs[0].shape)
     if dims_in is None or dims_out is None:
         raise _End("a reshape of unknown rank")
@@ -457,6 +473,211 @@ def _space_batch(op, ins):
     if axes != frozenset({0}):
         raise _End("spatial blocks moved into or out of an axis other than the batch's")
     return [axes], None
+
+
+# A dimension by structure: the ordered factors (outermost first) it is the product of, each
+# (key, size): key (tensor ref, axis) names the dimension of a tensor it was read from (None for a
+# constant), size its static size or None. Read through the ops tf.tensordot and reshapes build:
+# Shape, GatherV2, Prod, Pack, ConcatV2, StridedSlice, Cast; a tensor's dimensions through Transpose,
+# MatMul, Reshape and one-input elementwise ops. Anything else is a factor of its own.
+
+_SAME_DIMS = frozenset({"Identity", "Snapshot", "StopGradient", "PreventGradient", "EnsureShape"}) | \
+    frozenset(k for k in _UNARY_BINARY if k not in ("Select", "SelectV2"))
+
+
+def _dim_factors(t, memo, depth=0):
+    """Each axis of `t` as its factors, or None (unknown rank)."""
+    if t.ref() in memo:
+        return memo[t.ref()]
+    dims = shapes.dims(t.shape)
+    if dims is None:
+        return None
+    op, found = t.op, None
+    if depth < 64:
+        if op.type == "Transpose":
+            perm, src = tf.get_static_value(op.inputs[1]), _dim_factors(op.inputs[0], memo, depth + 1)
+            if perm is not None and src is not None:
+                found = [src[int(p)] for p in np.ravel(perm)]
+        elif op.type in _SAME_DIMS and len(op.inputs) == 1 and op.outputs[0] is t:
+            found = _dim_factors(op.inputs[0], memo, depth + 1)
+        elif op.type == "MatMul":
+            a, b = (_dim_factors(x, memo, depth + 1) for x in op.inputs[:2])
+            if a is not None and b is not None and len(a) == len(b) == 2:
+                found = [a[1 if op.get_attr("transpose_a") else 0], b[0 if op.get_attr("transpose_b") else 1]]
+        elif op.type == "Reshape":
+            value = _shape_value(op.inputs[1], memo, depth + 1)
+            if value is not None and not value[0] and all(v is not None for v in value[1]):
+                src = _dim_factors(op.inputs[0], memo, depth + 1)
+                if all(len(v) == 1 and v[0][0] is None for v in value[1]):   # constant: a regrouping?
+                    found = _regrouped(src, [v[0][1] for v in value[1]])
+                else:   # computed: only as a regrouping of the input's own factors, in their order
+                    found = _regrouped_as(src, value[1])
+    if found is None or len(found) != len(dims):
+        found = [None] * len(dims)
+    out = []
+    for i, (d, factors) in enumerate(zip(dims, found)):
+        sizes = [s for _, s in factors] if factors is not None else [None]
+        if factors is None or (d is not None and (None in sizes or int(np.prod(sizes, dtype=object)) != d)):
+            factors = [((t.ref(), i), d)]
+        out.append(list(factors))
+    memo[t.ref()] = out
+    return out
+
+
+def _regrouped(factors, sizes):
+    """The input's factors grouped into the output's axes of `sizes` when each output axis is a
+    run of whole input axes of static sizes (a merge such as [N, H, W, C] → [N·H·W, C]), else None."""
+    if factors is None or any(s is None for axis in factors for _, s in axis):
+        return None
+    out, k = [], 0
+    for size in sizes:
+        group, product = [], 1
+        while k < len(factors) and (product < size or not group):
+            group += factors[k]
+            product *= int(np.prod([s for _, s in factors[k]], dtype=object))
+            k += 1
+        if product != size:
+            return None
+        out.append(group)
+    return out if k == len(factors) else None
+
+
+def _regrouped_as(factors, groups):
+    """The input's factors grouped as `groups` (a shape's factors) when these are the same factors
+    in the same order (a dimension read from the same tensor, or of the same static size), else
+    None: a reshape to the shape of another layout (a transposed tensor put back into its
+    original's shape) mixes the factors, and says nothing about which of them holds the examples."""
+    if factors is None:
+        return None
+    flat = [f for axis in factors for f in axis if f[1] != 1]
+    out, k = [], 0
+    for group in groups:
+        regrouped = []
+        for key, size in group:
+            if size == 1:
+                continue
+            if k >= len(flat) or not ((key is not None and key == flat[k][0]) or
+                                      (size is not None and size == flat[k][1])):
+                return None
+            regrouped.append(flat[k])
+            k += 1
+        out.append(regrouped or [(None, 1)])
+    return out if k == len(flat) else None
+
+
+def _shape_value(t, memo, depth=0):
+    """An int tensor's value as factors: (scalar?, [each element's factors, or None]), or None."""
+    if depth > 64 or t.shape.rank not in (0, 1):
+        return None
+    op = t.op
+    const = tf.get_static_value(t) if op.type == "Const" else None
+    if const is not None:
+        return np.ndim(const) == 0, [[(None, int(v))] if v >= 0 else None for v in np.ravel(const)]
+    if op.type == "Shape":
+        dims = _dim_factors(op.inputs[0], memo, depth + 1)
+        return None if dims is None else (False, dims)
+    if op.type in ("Identity", "Cast"):
+        return _shape_value(op.inputs[0], memo, depth + 1)
+    if op.type == "GatherV2":
+        params, indices, axis = _shape_value(op.inputs[0], memo, depth + 1), \
+            tf.get_static_value(op.inputs[1]), tf.get_static_value(op.inputs[2])
+        if params is None or params[0] or indices is None or axis is None or int(axis) != 0 or \
+                op.get_attr("batch_dims"):
+            return None
+        picked = [params[1][int(k)] if -len(params[1]) <= int(k) < len(params[1]) else None for k in np.ravel(indices)]
+        if None in picked and any(int(k) >= len(params[1]) or int(k) < -len(params[1]) for k in np.ravel(indices)):
+            return None
+        return np.ndim(indices) == 0, picked
+    if op.type == "Prod":
+        value, along = _shape_value(op.inputs[0], memo, depth + 1), tf.get_static_value(op.inputs[1])
+        if value is None or along is None or any(int(a) not in (0, -1) for a in np.ravel(along)) or \
+                any(v is None for v in value[1]):
+            return None
+        product = [f for v in value[1] for f in v] if not value[0] else value[1][0]
+        return not op.get_attr("keep_dims") or value[0], [product or [(None, 1)]]
+    if op.type == "Mul":
+        a, b = (_shape_value(x, memo, depth + 1) for x in op.inputs)
+        if a is None or b is None or not (a[0] and b[0]) or a[1][0] is None or b[1][0] is None:
+            return None
+        return True, [a[1][0] + b[1][0]]
+    if op.type == "Pack" and op.get_attr("axis") == 0:
+        pieces = [_shape_value(x, memo, depth + 1) for x in op.inputs]
+        if any(p is None or not p[0] for p in pieces):
+            return None
+        return False, [p[1][0] for p in pieces]
+    if op.type == "ConcatV2":
+        axis = tf.get_static_value(op.inputs[-1])
+        pieces = [_shape_value(x, memo, depth + 1) for x in op.inputs[:-1]]
+        if axis is None or int(axis) not in (0, -1) or any(p is None or p[0] for p in pieces):
+            return None
+        return False, [v for p in pieces for v in p[1]]
+    if op.type == "StridedSlice":
+        value = _shape_value(op.inputs[0], memo, depth + 1)
+        spec = [tf.get_static_value(x) for x in op.inputs[1:4]]
+        masks = [op.get_attr(k) for k in ("begin_mask", "end_mask", "ellipsis_mask", "new_axis_mask",
+                                          "shrink_axis_mask")]
+        if value is None or value[0] or any(s is None or np.size(s) != 1 for s in spec) or any(masks[2:4]):
+            return None
+        begin, end, stride = (int(np.ravel(s)[0]) for s in spec)
+        if masks[4] & 1:
+            return (True, [value[1][begin]]) if -len(value[1]) <= begin < len(value[1]) else None
+        sl = slice(None if masks[0] & 1 else begin, None if masks[1] & 1 else end, stride)
+        return False, value[1][sl]
+    return None
+
+
+def _by_factors(op, axes, batch):
+    """The output's batch axes when the reshape regroups the factors its input is made of (the
+    shape read from the graph by `_shape_value`), or None. A factor carries the batch when the axis
+    it was read from does; an input axis carrying the batch without a factor that says so has all
+    its factors count (merged examples: kept on every axis they reach)."""
+    memo = {}
+    dims_in, dims_out = _dim_factors(op.inputs[0], memo), shapes.dims(op.outputs[0].shape)
+    value = _shape_value(op.inputs[1], memo)
+    if dims_in is None or dims_out is None or value is None or value[0] or len(value[1]) != len(dims_out):
+        return None
+    flat, carrying = [], set()
+    for i, factors in enumerate(dims_in):
+        said = [k for k, (key, _) in enumerate(factors) if key is not None and key[1] in batch.get(key[0], ())]
+        if i in axes:
+            said = said or [k for k, (_, size) in enumerate(factors) if size != 1]
+            if not said:
+                return None
+        elif said:
+            return None   # the factors disagree with the trace: read nothing
+        carrying |= {len(flat) + k for k in said}
+        flat += factors
+    probes, others = {}, iter(range(10 ** 6))
+    for k, (key, size) in enumerate(flat):
+        if size is None and key not in probes:
+            probes[key] = _BATCH_PROBE if k in carrying else _OTHER_PROBES[next(others) % len(_OTHER_PROBES)]
+
+    def size_of(factors):
+        sizes = [s if s is not None else probes.get(key) for key, s in factors]
+        return None if None in sizes else int(np.prod(sizes, dtype=object))
+
+    sizes_in = [size_of([f]) for f in flat]
+    total = int(np.prod(sizes_in, dtype=object))
+    out = [d if d is not None else (size_of(v) if v is not None else None) for d, v in zip(dims_out, value[1])]
+    unknown = [b for b, d in enumerate(out) if d is None]
+    known = int(np.prod([d for d in out if d is not None], dtype=object))
+    if len(unknown) > 1 or total == 0 or known == 0 or any(sizes_in[k] == 1 for k in carrying):
+        return None
+    if unknown:
+        if total % known:
+            return None
+        out[unknown[0]] = total // known
+    elif known != total:
+        return None
+    found, cum = set(), 1
+    for b, d in enumerate(out):
+        nxt = cum * d
+        for k in carrying:
+            before = int(np.prod(sizes_in[:k], dtype=object))
+            if nxt > before and cum < before * sizes_in[k]:
+                found.add(b)
+        cum = nxt
+    return frozenset(found) or None
 
 
 def _expand_dims(op, ins):

@@ -70,16 +70,17 @@ def _model(form, statistic_inside=False):
 
 
 @functools.lru_cache(maxsize=None)
-def _reference(form, version):
-    """One device on the concatenated batch, built under the same control flow."""
+def _reference(form):
+    """One device on the concatenated batch (under control flow v2, TensorFlow 2's default: one
+    device computes the same either way, and the towers under v1 are held to it too)."""
     x, t = tl.data(list(BATCHES), (STEPS, CHANNELS), (STEPS, WIDTH), dtype=np.float64)
-    with control_flow(version):
+    with control_flow("v2"):
         ref = tl.reference_step(_model(form), list(BATCHES), x, t, dtype=tf.float64, input_shape=(STEPS, CHANNELS))
     return (x, t), ref, tl.tolerance(tf.float64, 0.0, sum(BATCHES) * STEPS)
 
 
 def _errors(form, version, gradients="before", rewrite=True):
-    (x, t), ref, _ = _reference(form, version)
+    (x, t), ref, _ = _reference(form)
     reports = []
     fn = (lambda g: reports.append(graphsync.rewrite_towers(g))) if rewrite else None
     with control_flow(version):
@@ -90,8 +91,10 @@ def _errors(form, version, gradients="before", rewrite=True):
     return {k: tl.max_rel_error(got[k], ref[k]) for k in ("output", "loss", "grads", "variables")}, reports, loops
 
 
+# gradients built after the rewrite too under v2 (the gradient rewrite of the sums after the loop
+# does not depend on how the loop was built; measured equal under v1, 4 s more)
 CASES = [(form, version, gradients) for form in ("scan", "keras") for version in ("v2", "v1")
-         for gradients in ("before", "after")]
+         for gradients in (("before", "after") if version == "v2" else ("before",))]
 
 
 @pytest.mark.parametrize("form,version,gradients", CASES)
@@ -99,7 +102,7 @@ def test_masked_normalization_after_a_recurrence_equals_one_device(form, version
     with warnings.catch_warnings():
         warnings.simplefilter("error", graphsync.GraphsyncWarning)   # nothing left per tower
         errors, reports, loops = _errors(form, version, gradients)
-    tolerance = _reference(form, version)[2]
+    tolerance = _reference(form)[2]
     unsynchronized = _unsynchronized(form, version)
     print(f"\n{form} {version} {gradients}: tolerance {tolerance:.1e}, rewritten {max(errors.values()):.1e} "
           f"{errors}, unrewritten {max(unsynchronized.values()):.1e}")
@@ -141,7 +144,7 @@ def _loop_metric(x):
     steps = tf.transpose(x, [1, 0, 2])
 
     def body(i, total):
-        return i + 1, total + tf.reduce_sum(tf.square(steps[i]))
+        return i + 1, total + tf.reduce_sum(tf.square(steps[i]))   # a slice at a computed step
     _, total = tf.while_loop(lambda i, total: i < STEPS, body, [tf.constant(0), tf.constant(0.0, x.dtype)])
     tf1.summary.scalar("energy", total)
     return _model("scan")(x)

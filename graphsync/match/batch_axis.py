@@ -582,10 +582,9 @@ def _split(op, ins):
 def _strided_slice(op, ins):
     axes = _only(ins, 0, op)
     rank = _rank(op.inputs[0])
-    begin = tf.get_static_value(op.inputs[1])
-    if rank is None or begin is None:
-        raise _End("a strided slice of unknown rank or computed spec")
-    n = int(np.size(begin))
+    n = op.inputs[1].shape.num_elements()   # which axes go where needs the spec's length and masks only
+    if rank is None or n is None:            # (a loop's x[i] slices at a computed step)
+        raise _End("a strided slice of unknown rank or spec length")
     masks = {k: op.get_attr(k) for k in ("ellipsis_mask", "new_axis_mask", "shrink_axis_mask")}
     mapping, i_in, i_out = {}, 0, 0
     for s in range(n):

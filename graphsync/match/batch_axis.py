@@ -30,8 +30,24 @@ trace, and a body that ends its own trace ends it at the op, with the reason. A 
 statistic — a cross-example op read back into the examples there, or for a call returned — makes
 the op a cross-example op itself (how "body", `CrossOp.inner` naming the op inside): graphsync
 inlines such a call and synchronizes what it held (graphsync/plan/planner.py), and refuses such
-an If unless it is a conditional batch norm it synchronizes (graphsync/plan/rule.py). A `While`
-still ends the trace.
+an If unless it is a conditional batch norm it synchronizes (graphsync/plan/rule.py).
+
+Loops are a tower's forward too (an RNN: tf.scan, tf_keras' SimpleRNN and LSTM). A control flow v2
+`While` has its body traced like a call's, seeded with the loop inputs' axes, and again until every
+loop variable's axes settle (a state built from zeros, or an output list, takes the batch in the
+body); a body that moves a loop variable's batch to other axes ends the trace. Its cond only decides
+when the loop stops and is not traced. A list of tensors carries the axes of its elements: a
+TensorList (variant tensor) under v2, a TensorArray's flow tensor under v1 (its handle carries
+nothing); unstacking [T, n, …] over time gives elements with the batch on axis 0, stacking them
+back puts it on axis 1; a list over the examples themselves ends the trace. Under control flow v1
+the loop's ops are in the graph: Enter, Exit and NextIteration pass their value on, and the Merge
+joining a loop's entry and its NextIteration (the back edge) is met with the entry's axes first
+and again when the body reaches the NextIteration, where a body that moved the batch ends the
+trace. A statistic inside the recurrence (recurrent batch norm: a cross-example op read back into
+the examples in the body) cannot be synchronized per step and is refused in one line: under v2 the
+`While` is a cross-example op "body" naming the op in its body; under v1 the op itself, inside
+the loop's frame, which graphsync/plan/reductions.py does not synchronize. A reduction whose value
+only leaves the loop (a metric, the loop's termination) gets the verdict of where those outputs go.
 """
 from __future__ import annotations
 

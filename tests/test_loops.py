@@ -4,7 +4,8 @@ v1 Enter/Exit/NextIteration and TensorArrays): the sequence model users write �
 examples and time steps — has its masked sums synchronized as reductions, under control flow v2
 and v1: one step then equals one device on the concatenated batch, and the un-rewritten graph does
 not. A batch statistic inside the recurrence (recurrent batch norm) is refused in one line, the
-graph untouched; a reduction in the loop whose value leaves it only for a summary is left alone.
+graph untouched, and so is one the loop returns that the model reads; a reduction in the loop
+whose value leaves it only for a summary is left alone.
 
 Three uneven towers, float64: tolerance from towerlib.tolerance (2·u·√n). Measured errors are
 printed by `-s`.
@@ -137,6 +138,34 @@ def test_a_statistic_inside_the_recurrence_is_refused_in_one_line_and_the_graph_
     else:                 # the Mean itself, inside the loop's frame
         assert re.match(r"tower_0/scan/while/Mean \(Mean\) computes a batch statistic .* reduces over the batch, "
                         r"and \S+ reads it back", message), message
+    (graph, before), = graphs
+    assert graph.as_graph_def() == before
+
+
+def _loop_sum_read_back(x):
+    """A loop that sums each step's examples, the sum then subtracted from the examples after the
+    loop: a batch statistic that leaves the loop (the While's output, v1's Exit)."""
+    steps = tf.transpose(x, [1, 0, 2])
+
+    def body(i, total):
+        return i + 1, total + tf.reduce_sum(steps[i], 0)
+    _, total = tf.while_loop(lambda i, total: i < STEPS, body, [tf.constant(0), tf.zeros([CHANNELS], x.dtype)])
+    return _model("scan")(x - total / STEPS)
+
+
+@pytest.mark.parametrize("version", ["v2", "v1"])
+def test_a_statistic_the_loop_returns_and_the_model_reads_is_refused(version):
+    graphs = []
+    with control_flow(version), pytest.raises(graphsync.GraphsyncError) as refused:
+        tl.build(_loop_sum_read_back, list(BATCHES), dtype=tf.float64, gradients="before",
+                 input_shape=(STEPS, CHANNELS),
+                 rewrite=lambda g: graphs.append((g, g.as_graph_def())) or graphsync.rewrite_towers(g))
+    message = str(refused.value)
+    assert "\n" not in message, message
+    pattern = (r"tower_0/while \((Stateless)?While\) computes a batch statistic .* whose Sum \(Sum\) reduces over "
+               r"the batch, and the loop returns it, and \S+ reads it back" if version == "v2" else
+               r"tower_0/while/Sum \(Sum\) computes a batch statistic .* reduces over the batch, and \S+ reads it back")
+    assert re.match(pattern, message), message
     (graph, before), = graphs
     assert graph.as_graph_def() == before
 

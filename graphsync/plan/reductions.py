@@ -8,7 +8,8 @@ The same reduction is paired across towers as batch norms are, by its name witho
 prefix (graphsync/towers/names.py). A reduction that cannot be synchronized this way keeps its
 verdict "refused": `Prod` and the other reductions, contractions (MatMul over the
 batch), reductions over computed axes or of unknown rank, integer or half-precision ones,
-reductions under control flow, and one some tower lacks or spells differently.
+reductions under control flow (in a v1 loop's frame, found by structure), and one some tower
+lacks or spells differently.
 """
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ def layer_plans(graph: tf.Graph, rows, analysis, towers) -> list[LayerPlan]:
     """One LayerPlan per reduction refused in `rows` (rule.verdicts) that every tower of `towers`
     computes alike and that can be synchronized; the others stay refused."""
     ops = [graph.get_operation_by_name(r.op) for r in rows if r.verdict == "refused" and r.type in TYPES]
-    ops = [op for op in ops if synchronizable(op, analysis)]
+    frames = loop_frames(graph) if ops else frozenset()
+    ops = [op for op in ops if synchronizable(op, analysis) and op not in frames]
     if not ops or len(towers) < 2:
         return []
     per_tower: dict = {}
@@ -65,6 +67,21 @@ def synchronizable(op: tf.Operation, analysis) -> bool:
         return False
     axes = const_axes(op.inputs[1], x.shape.rank)
     return bool(axes) and tf_private.control_flow_context(op) is None
+
+
+def loop_frames(graph: tf.Graph) -> frozenset:
+    """The ops inside a control flow v1 loop's frame, by structure: downstream of an Enter, up to
+    the loop's Exits (the Python-side contexts tf_private.control_flow_context reads are gone from
+    an imported graph). A reduction there runs once per iteration: not synchronized."""
+    stack = [op for op in graph.get_operations() if op.type in ("Enter", "RefEnter")]
+    inside = set(stack)
+    while stack:
+        for t in stack.pop().outputs:
+            for reader in t.consumers():
+                if reader not in inside and reader.type not in ("Exit", "RefExit"):
+                    inside.add(reader)
+                    stack.append(reader)
+    return frozenset(inside)
 
 
 def _signature(op: tf.Operation) -> tuple:

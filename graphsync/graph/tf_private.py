@@ -88,6 +88,16 @@ def branch_graph(op: tf.Operation, name: str):
     return None
 
 
+def loop_body_graph(op: tf.Operation, name: str):
+    """The FuncGraph of the While `op`'s body function `name` that while_v2 left on the op when it
+    built it in this process (and updates when tf.gradients adds accumulators), or None."""
+    graph = getattr(op, "_body_graph", None)
+    if graph is not None and graph.name == name and len(graph.inputs) == len(op.inputs) \
+            and len(graph.outputs) == len(op.outputs):
+        return graph
+    return None
+
+
 def cache_branch_graphs(op: tf.Operation) -> None:
     """Builds an If's branch FuncGraphs outside any context and caches them where cond_v2 looks
     first (`_true_graph`, `_false_graph`, as cond_v2 leaves them on the Ifs it builds). An If that

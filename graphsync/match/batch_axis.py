@@ -30,8 +30,24 @@ trace, and a body that ends its own trace ends it at the op, with the reason. A 
 statistic — a cross-example op read back into the examples there, or for a call returned — makes
 the op a cross-example op itself (how "body", `CrossOp.inner` naming the op inside): graphsync
 inlines such a call and synchronizes what it held (graphsync/plan/planner.py), and refuses such
-an If unless it is a conditional batch norm it synchronizes (graphsync/plan/rule.py). A `While`
-still ends the trace.
+an If unless it is a conditional batch norm it synchronizes (graphsync/plan/rule.py).
+
+Loops are a tower's forward too (an RNN: tf.scan, tf_keras' SimpleRNN and LSTM). A control flow v2
+`While` has its body traced like a call's, seeded with the loop inputs' axes, and again until every
+loop variable's axes settle (a state built from zeros, or an output list, takes the batch in the
+body); a body that moves a loop variable's batch to other axes ends the trace. Its cond only decides
+when the loop stops and is not traced. A list of tensors carries the axes of its elements: a
+TensorList (variant tensor) under v2, a TensorArray's flow tensor under v1 (its handle carries
+nothing); unstacking [T, n, …] over time gives elements with the batch on axis 0, stacking them
+back puts it on axis 1; a list over the examples themselves ends the trace. Under control flow v1
+the loop's ops are in the graph: Enter, Exit and NextIteration pass their value on, and the Merge
+joining a loop's entry and its NextIteration (the back edge) is met with the entry's axes first
+and again when the body reaches the NextIteration, where a body that moved the batch ends the
+trace. A statistic inside the recurrence (recurrent batch norm: a cross-example op read back into
+the examples in the body) cannot be synchronized per step and is refused in one line: under v2 the
+`While` is a cross-example op "body" naming the op in its body; under v1 the op itself, inside
+the loop's frame, which graphsync/plan/reductions.py does not synchronize. A reduction whose value
+only leaves the loop (a metric, the loop's termination) gets the verdict of where those outputs go.
 """
 from __future__ import annotations
 
@@ -92,7 +108,8 @@ class CrossOp:
     how: str
     partial: bool = False
     inner: tuple = ()           # how == "body": (function name, the body's op, why it is a statistic there)
-    returned: bool = False      # how == "body", an If: its branch only returns the value; the graph decides
+    returned: tuple = ()        # an If's or a While's: the outputs a body's cross-example value leaves by,
+                                # when the body does not read it back itself (its verdict: where they go)
 
 
 @dataclasses.dataclass
@@ -141,6 +158,8 @@ def _trace(seeds, bodies) -> Analysis:
             try:
                 if op.type in _CALLS or op.type in _IFS:
                     outs, crossed, called[op] = _function_op(op, ins, bodies)
+                elif op.type in _WHILES:
+                    outs, crossed, called[op] = _while_op(op, ins, bodies)
                 else:
                     outs, crossed = _apply(op, ins, batch)
             except _End as why:
@@ -181,7 +200,7 @@ class _Bodies:
         return cls._of_graph[graph]
 
     def __init__(self, graph: tf.Graph):
-        self.graph, self._library, self._traced = graph, None, {}
+        self.graph, self._library, self._traced, self._graphs = graph, None, {}, {}
 
     def trace(self, name: str, inputs, ins, op=None) -> Analysis:
         key = (name, tuple(str(t.shape) for t in inputs), tuple(ins))
@@ -193,9 +212,7 @@ class _Bodies:
                 raise _End(f"its function {name} is not in the graph's library")
             self._traced[key] = None   # a recursive call ends the trace
             try:
-                body = tf_private.branch_graph(op, name) if op is not None else None
-                if body is None:
-                    body = tf_private.function_graph(self.graph, fdef, [t.shape for t in inputs])
+                body = self._graph(name, fdef, inputs, op)
                 found = _trace(list(zip(body.inputs, ins)), self)
             except BaseException:
                 del self._traced[key]
@@ -209,6 +226,17 @@ class _Bodies:
             op, why = found.ended[0]
             raise _End(f"in its function {name}, {op.name} ({op.type}): {why}")
         return found
+
+    def _graph(self, name, fdef, inputs, op):
+        """The body's FuncGraph: the one control flow v2 left on the op, else built once per input
+        shapes (a loop's body is traced again while its loop variables' axes settle)."""
+        body = (tf_private.branch_graph(op, name) or tf_private.loop_body_graph(op, name)) if op is not None else None
+        if body is None:
+            key = (name, tuple(str(t.shape) for t in inputs))
+            if key not in self._graphs:
+                self._graphs[key] = tf_private.function_graph(self.graph, fdef, [t.shape for t in inputs])
+            body = self._graphs[key]
+        return body
 
 
 def _function_op(op, ins, bodies):
@@ -234,18 +262,89 @@ def _function_op(op, ins, bodies):
             why = _statistic_in_body(body, crossed, returned=op.type in _CALLS)
             if why is not None:
                 return outs, CrossOp(op, "body", inner=(name, crossed.op, why)), traced
-            if returning is None and op.type in _IFS:
-                why = _statistic_in_body(body, crossed, returned=True)
-                returning = why and CrossOp(op, "body", inner=(name, crossed.op, why), returned=True)
+            leaves = _outputs_reached(body, crossed.op) if returning is None and op.type in _IFS else ()
+            if leaves:   # returned by the branch: the graph around the If decides (verdict)
+                how = verdict(body, crossed)[1].split(";")[0]
+                returning = CrossOp(op, "body", inner=(name, crossed.op, f"{how}, and the branch returns it"),
+                                    returned=leaves)
     return outs, returning, traced
+
+
+# ---------------------------------------------------------------------------------------------
+# Loops under control flow v2: a While's body traced like a call's, seeded with the loop inputs'
+# axes, again until every loop variable's axes settle (the body's output k is loop variable k of
+# the next iteration). Its cond only decides when the loop ends and is not traced.
+
+_WHILES = frozenset({"While", "StatelessWhile"})
+
+
+def _while_op(op, ins, bodies):
+    """(each output's batch axes, a CrossOp "body" when the body holds a cross-example value, the
+    body traced) for a While. A loop variable that enters without the batch and leaves the body
+    with it (a state built from zeros, an output list written per step) carries it from then on;
+    one the body moves to other axes ends the trace."""
+    name, args = op.get_attr("body").name, list(op.inputs)
+    state = list(ins)
+    for _ in range(len(args) + 1):   # each pass adds the batch to one loop variable at least, or settles
+        body = bodies.trace(name, args, state, op)
+        settled = [_loop_variable(k, entered, body.batch.get(out.ref()))
+                   for k, (entered, out) in enumerate(zip(state, body.outputs))]
+        if settled == state:
+            return state, _loop_cross(op, name, body), [(name, body)]
+        state = settled
+    raise _End("loop variables whose batch axes do not settle")
+
+
+def _loop_variable(index, entered, left):
+    """The axes loop variable `index` carries across iterations, from the axes it entered the body
+    with and those the body's output gives it."""
+    if entered and left and entered != left:
+        raise _End(f"a loop whose body moves the batch of loop variable {index} from axes "
+                   f"{sorted(entered)} to {sorted(left)}")
+    return entered or left
+
+
+def _loop_cross(op, name, body):
+    """The While's CrossOp: a cross-example op of its body read back into the examples there (a
+    statistic inside the recurrence: refused, it cannot be synchronized per step), else one whose
+    value leaves the loop (its verdict is where those outputs go), else None."""
+    returned = None
+    for crossed in body.cross.values():
+        why = _statistic_in_body(body, crossed, returned=False)
+        if why is not None:
+            return CrossOp(op, "body", inner=(name, crossed.op, why))
+        leaves = _outputs_reached(body, crossed.op)
+        if leaves and returned is None:
+            how = verdict(body, crossed)[1].split(";")[0]
+            returned = CrossOp(op, "body", inner=(name, crossed.op, f"{how}, and the loop returns it"),
+                               returned=leaves)
+    return returned
+
+
+def _outputs_reached(body: Analysis, start: tf.Operation) -> tuple:
+    """The indices of the body's outputs downstream of `start`."""
+    index = {}
+    for k, t in enumerate(body.outputs):   # a loop variable passed through may be several outputs
+        index.setdefault(t.ref(), []).append(k)
+    found, seen, stack = set(), {start}, [start]
+    while stack:
+        for t in stack.pop().outputs:
+            found.update(index.get(t.ref(), ()))
+            for reader in t.consumers():
+                if reader not in seen:
+                    seen.add(reader)
+                    stack.append(reader)
+    return tuple(sorted(found))
 
 
 def _statistic_in_body(body: Analysis, crossed: CrossOp, returned: bool):
     """Why a cross-example op of a body is a statistic there, or None: read back into the
     examples inside the body (a body may read no variable: any tensor carrying the batch counts),
     or (`returned`: a call, which graphsync inlines to see where it goes) handed out through the
-    body's outputs. An If's branch that returns a value computed from the whole batch without
-    reading it back is judged terminal (tf_keras' If, a metric's)."""
+    body's outputs. An If's branch or a loop body that only returns such a value makes the op a
+    cross-example op whose verdict the graph around it decides (`CrossOp.returned`): a statistic
+    when read back there (`mean = tf.cond(training, batch mean, moving mean)`, then `x - mean`),
+    terminal otherwise (a metric's, tf_keras' If)."""
     if crossed.how == "body":
         name, inner, why = crossed.inner
         return f"calls {name}, whose {inner.name} ({inner.type}) {why}"
@@ -758,10 +857,9 @@ def _slice(op, ins):
 def _strided_slice(op, ins):
     axes = _only(ins, 0, op)
     rank = _rank(op.inputs[0])
-    begin = tf.get_static_value(op.inputs[1])
-    if rank is None or begin is None:
-        raise _End("a strided slice of unknown rank or computed spec")
-    n = int(np.size(begin))
+    n = op.inputs[1].shape.num_elements()   # which axes go where needs the spec's length and masks only
+    if rank is None or n is None:            # (a loop's x[i] slices at a computed step)
+        raise _End("a strided slice of unknown rank or spec length")
     masks = {k: op.get_attr(k) for k in ("ellipsis_mask", "new_axis_mask", "shrink_axis_mask")}
     mapping, spec, i_in, i_out = {}, {}, 0, 0
     for s in range(n):
@@ -784,18 +882,18 @@ def _strided_slice(op, ins):
         i_in, i_out = i_in + 1, i_out + 1
     if any(mapping.get(a) is None for a in axes):
         raise _End("a slice that selects single examples")
-    if any(not _whole(op, spec.get(a), begin) for a in axes):
+    if any(not _whole(op, spec.get(a)) for a in axes):
         raise _End("a slice that selects some of the examples")
     return [frozenset(mapping[a] for a in axes)], None
 
 
-def _whole(op, s, begin) -> bool:
+def _whole(op, s) -> bool:
     """Whether slice spec `s` of a StridedSlice (None: under the ellipsis) takes a whole axis."""
     if s is None:
         return True
-    end, strides = (tf.get_static_value(t) for t in op.inputs[2:4])
+    begin, end, strides = (tf.get_static_value(t) for t in op.inputs[1:4])
     bit = 1 << s
-    starts = bool(op.get_attr("begin_mask") & bit) or int(np.ravel(begin)[s]) == 0
+    starts = bool(op.get_attr("begin_mask") & bit) or (begin is not None and int(np.ravel(begin)[s]) == 0)
     ends = bool(op.get_attr("end_mask") & bit) or (end is not None and int(np.ravel(end)[s]) >= 2 ** 31 - 1)
     return starts and ends and strides is not None and int(np.ravel(strides)[s]) == 1
 
@@ -922,6 +1020,111 @@ def _l2_loss(op, ins):
     return [None], CrossOp(op, "reduce") if axes else None
 
 
+# ---------------------------------------------------------------------------------------------
+# Rules for lists of tensors and loops. A list — a TensorList (a variant tensor, control flow v2)
+# or a TensorArray's flow tensor (control flow v1; its handle carries nothing) — is given the
+# batch axes of its elements: unstacking a [T, n, …] tensor over time gives a list whose elements
+# carry the batch on axis 0, and stacking it back puts the batch on axis 1 again. A list over the
+# examples themselves (the batch on the unstacked axis 0) ends the trace.
+
+def _same(op, *found):
+    """The one set of batch axes among `found` (None when none carries the batch)."""
+    values = {a for a in found if a}
+    if len(values) > 1:
+        raise _End(f"{op.type} combines a list and elements carrying the batch on different axes")
+    return values.pop() if values else None
+
+
+def _none_of(op, ins, indices):
+    """Ends the trace if an index, a size or a handle carries the batch."""
+    if any(ins[i] for i in indices if i < len(ins)):
+        raise _End(f"{op.type} reads the batch on an index, a size or a handle")
+
+
+def _unstacked(op, axes):
+    """The element axes of a list unstacked from a tensor along its axis 0."""
+    if not axes:
+        return None
+    if 0 in axes:
+        raise _End(f"{op.type} makes a list over the examples (the batch on the axis it unstacks)")
+    return frozenset(a - 1 for a in axes)
+
+
+def _stacked(axes):
+    return frozenset(a + 1 for a in axes) if axes else None
+
+
+def _list_rule(element, lst=None, indices=(), out="list", split=False):
+    """A rule for a list op: `element` the input index of a tensor of elements (or of a tensor to
+    unstack, for "from"), `lst` that of the list, `indices` inputs that must not carry the batch;
+    `out` what the first output is: "list", "element" (the list's axes), "stacked" (axis 1 and on),
+    "concat" (the elements concatenated along their axis 0: the batch stays where it was)."""
+    def rule(op, ins):
+        _none_of(op, ins, indices)
+        listed = ins[lst] if lst is not None else None
+        if element is not None and out == "from":
+            value = ins[element]
+            if split and value and 0 in value:
+                raise _End(f"{op.type} splits a list over the examples")
+            axes = _same(op, listed, value if split else _unstacked(op, value))
+        elif element is not None:
+            axes = _same(op, listed, ins[element])
+        else:
+            axes = listed
+        first = _stacked(axes) if out == "stacked" else axes
+        return [first] + [axes if out == "element" else None] * (len(op.outputs) - 1), None
+    return rule
+
+
+def _loop_frame(op, ins):
+    """Enter, Exit, NextIteration (control flow v1): the value, unchanged, in or out of a loop's
+    frame. The Merge that joins a loop's entry and its NextIteration (the back edge) is first met
+    with the entry's axes alone and met again once the body reaches the NextIteration: a body that
+    moves the batch then ends the trace there (_merge)."""
+    return [_only(ins, 0, op)], None
+
+
+def _loop_cond(op, ins):
+    if ins[0]:
+        raise _End("a loop whose condition carries the batch")
+    return [None], None
+
+
+_LIST_RULES = {
+    # control flow v2: TensorList (a list tensor: the axes of its elements)
+    "TensorListFromTensor": _list_rule(0, out="from", indices=(1,)),
+    "TensorListScatter": _list_rule(0, out="from", indices=(1, 2)),
+    "TensorListScatterV2": _list_rule(0, out="from", indices=(1, 2, 3)),
+    "TensorListScatterIntoExistingList": _list_rule(1, 0, out="from", indices=(2,)),
+    "TensorListSplit": _list_rule(0, out="from", indices=(1, 2), split=True),
+    "TensorListGetItem": _list_rule(None, 0, indices=(1, 2), out="element"),
+    "TensorListSetItem": _list_rule(2, 0, indices=(1,)),
+    "TensorListPushBack": _list_rule(1, 0),
+    "TensorListPopBack": _list_rule(None, 0, indices=(1,), out="element"),
+    "TensorListStack": _list_rule(None, 0, indices=(1,), out="stacked"),
+    "TensorListGather": _list_rule(None, 0, indices=(1, 2), out="stacked"),
+    "TensorListConcat": _list_rule(None, 0, out="concat"),
+    "TensorListConcatV2": _list_rule(None, 0, indices=(1, 2), out="concat"),
+    "TensorListResize": _list_rule(None, 0, indices=(1,)),
+    "TensorListReserve": _list_rule(None, indices=(0, 1)),
+    "EmptyTensorList": _list_rule(None, indices=(0, 1)),
+    "TensorListLength": lambda op, ins: ([None], None),
+    "TensorListElementShape": lambda op, ins: ([None], None),
+    # control flow v1: TensorArrayV3 (the flow tensor: the axes of the elements; the handle: none)
+    "TensorArrayV3": _list_rule(None, indices=(0,)),
+    "TensorArrayScatterV3": _list_rule(2, 3, out="from", indices=(0, 1)),
+    "TensorArraySplitV3": _list_rule(1, 3, out="from", indices=(0, 2), split=True),
+    "TensorArrayWriteV3": _list_rule(2, 3, indices=(0, 1)),
+    "TensorArrayReadV3": _list_rule(None, 2, indices=(0, 1), out="element"),
+    "TensorArrayGatherV3": _list_rule(None, 2, indices=(0, 1), out="stacked"),
+    "TensorArrayConcatV3": _list_rule(None, 1, indices=(0,), out="concat"),
+    "TensorArraySizeV3": lambda op, ins: ([None], None),
+    "TensorArrayCloseV3": lambda op, ins: ([], None),
+    "Enter": _loop_frame, "RefEnter": _loop_frame, "Exit": _loop_frame, "RefExit": _loop_frame,
+    "NextIteration": _loop_frame, "RefNextIteration": _loop_frame, "LoopCond": _loop_cond,
+}
+
+
 RULES = {
     "Transpose": _transpose, "Reshape": _reshape, "ExpandDims": _expand_dims, "Squeeze": _squeeze,
     "ConcatV2": _concat, "Concat": lambda op, ins: _concat(op, ins[1:] + ins[:1]), "Pack": _pack,
@@ -934,6 +1137,7 @@ RULES = {
     "Merge": _merge, "RefMerge": _merge, "IdentityN": _identity_n,
     "SoftmaxCrossEntropyWithLogits": _xent, "SparseSoftmaxCrossEntropyWithLogits": _xent,
     "L2Loss": _l2_loss,
+    **_LIST_RULES,
 }
 
 
@@ -957,15 +1161,17 @@ def verdict(analysis: Analysis, crossed: CrossOp, tower_of=None, skip=frozenset(
     op = crossed.op
     if crossed.how == "body":
         name, inner, why = crossed.inner
-        where = "calls" if op.type in _CALLS else "runs the branch"
-        how = f"{where} {name}, whose {inner.name} ({inner.type}) {why}"
+        where = "calls" if op.type in _CALLS else "runs the loop body" if op.type in _WHILES else "runs the branch"
+        why = f"{where} {name}, whose {inner.name} ({inner.type}) {why}"
         if not crossed.returned:
-            return STATISTIC, how
-        reader, merged = _flows_back(analysis, op, tower_of, skip, budget)
+            return STATISTIC, why
+        start = [op.outputs[k] for k in crossed.returned]
+        reader, merged = _flows_back(analysis, op, tower_of, skip, budget, start)
         if reader is None:
-            return (SYNCHRONIZED, f"{how}; {merged.name} combines it with the other towers'") if merged else \
-                (TERMINAL, f"{how}; nothing reads it back into the examples")
-        return STATISTIC, f"{how}, and {reader.name} reads it back into the examples"
+            if merged is not None:
+                return SYNCHRONIZED, f"{why}; {merged.name} combines it with the other towers'"
+            return TERMINAL, f"{why}; it reaches no tensor that carries the batch into the model"
+        return STATISTIC, f"{why}, and {reader.name} reads it back into the examples"
     how = {"reduce": "reduces over the batch", "contract": "contracts over the batch",
            "kernel": "normalizes with its batch statistics (training mode)",
            "order": "orders or selects among the examples"}[crossed.how]
@@ -986,14 +1192,14 @@ def verdict(analysis: Analysis, crossed: CrossOp, tower_of=None, skip=frozenset(
     return STATISTIC, f"{how}, and {reader.name} reads it back into the examples"
 
 
-def _flows_back(analysis: Analysis, op: tf.Operation, tower_of, skip, budget):
-    """(the first forward op downstream of `op` whose output carries the batch and that reads one
-    of the model's variables: the statistic went back into the model, or None; the first merge
-    across towers met, or None). Merges, and products with a constant zero, are not entered."""
-    seen, stack, merged = {op}, [op], None
+def _flows_back(analysis: Analysis, op: tf.Operation, tower_of, skip, budget, start=None):
+    """(the first forward op downstream of `op` (of its outputs `start` when given) whose output
+    carries the batch and that reads one of the model's variables: the statistic went back into
+    the model, or None; the first merge across towers met, or None). Merges, and products with a
+    constant zero, are not entered."""
+    seen, stack, merged = {op}, [list(op.outputs) if start is None else start], None
     while stack and budget > 0:
-        current = stack.pop()
-        for t in current.outputs:
+        for t in stack.pop():
             for reader in t.consumers():
                 if reader in seen or reader in skip or is_gradient_op(reader):
                     continue
@@ -1006,7 +1212,7 @@ def _flows_back(analysis: Analysis, op: tf.Operation, tower_of, skip, budget):
                     continue
                 if any(analysis.carries(o) for o in reader.outputs) and reads_variable(reader):
                     return reader, merged
-                stack.append(reader)
+                stack.append(reader.outputs)
     return None, merged
 
 

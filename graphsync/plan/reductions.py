@@ -8,9 +8,10 @@ The same reduction is paired across towers as batch norms are, by its name witho
 prefix (graphsync/towers/names.py). A reduction that cannot be synchronized this way keeps its
 verdict "refused": `Prod` and the other reductions, contractions (MatMul over the
 batch), reductions over computed axes or of unknown rank, integer or half-precision ones,
-reductions under control flow, one some tower lacks or spells differently, and one that a value
-depending on the tower's share of the batch meets (its own batch size, a shift taken from one of
-its examples: graphsync/plan/tower_dependent.py), which its verdict then names.
+reductions under control flow (in a v1 loop's frame, found by structure), one some tower lacks
+or spells differently, and one that a value depending on the tower's share of the batch meets (its
+own batch size, a shift taken from one of its examples: graphsync/plan/tower_dependent.py), which
+its verdict then names.
 """
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ def layer_plans(graph: tf.Graph, rows, analysis, towers) -> tuple[list[LayerPlan
     computes alike and that can be synchronized; {op name: why} for those a value depending on the
     tower's share of the batch meets (plan/tower_dependent.py)). The others stay refused."""
     ops = [graph.get_operation_by_name(r.op) for r in rows if r.verdict == "refused" and r.type in TYPES]
-    ops = [op for op in ops if synchronizable(op, analysis)]
+    frames = loop_frames(graph) if ops else frozenset()
+    ops = [op for op in ops if synchronizable(op, analysis) and op not in frames]
     dependent = {op.name: why for op in ops if (why := tower_dependent.reason(op, analysis))}
     ops = [op for op in ops if op.name not in dependent]
     if not ops or len(towers) < 2:
@@ -71,6 +73,21 @@ def synchronizable(op: tf.Operation, analysis) -> bool:
         return False
     axes = const_axes(op.inputs[1], x.shape.rank)
     return bool(axes) and tf_private.control_flow_context(op) is None
+
+
+def loop_frames(graph: tf.Graph) -> frozenset:
+    """The ops inside a control flow v1 loop's frame, by structure: downstream of an Enter, up to
+    the loop's Exits (the Python-side contexts tf_private.control_flow_context reads are gone from
+    an imported graph). A reduction there runs once per iteration: not synchronized."""
+    stack = [op for op in graph.get_operations() if op.type in ("Enter", "RefEnter")]
+    inside = set(stack)
+    while stack:
+        for t in stack.pop().outputs:
+            for reader in t.consumers():
+                if reader not in inside and reader.type not in ("Exit", "RefExit"):
+                    inside.add(reader)
+                    stack.append(reader)
+    return frozenset(inside)
 
 
 def _signature(op: tf.Operation) -> tuple:

@@ -8,7 +8,9 @@ the first edit; after the rewrite the same analysis runs again on the result (`c
     ghost         a reduction over part of the batch (virtual batches): per tower by design
     per tower     a form graphsync keeps per tower and says so (weights per channel)
     refused       a batch statistic no form synchronizes, or a sort/top-k/arg-max over the batch read back,
-                  or one in a tf.cond branch (an If, named with the op in its branch)
+                  or one in a tf.cond branch (an If, named with the op in its branch), or one read
+                  back inside a loop's body (a While, named with the op in its body; under
+                  control flow v1 the op in the loop)
 
 A tf.function call holding a statistic is no row here: the planner inlines it first (Plan.calls).
 """

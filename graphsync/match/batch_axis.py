@@ -1241,6 +1241,22 @@ def _times_zero(op) -> bool:
     return False
 
 
+def forward_readers(op: tf.Operation, enter, budget: int = 400):
+    """Each forward op downstream of `op`, once (gradient ops left out), walked on past those for
+    which `enter(reader)` holds; at most `budget` of them."""
+    seen, stack = {op}, [op]
+    while stack and budget > 0:
+        for t in stack.pop().outputs:
+            for reader in t.consumers():
+                if reader in seen or is_gradient_op(reader):
+                    continue
+                seen.add(reader)
+                budget -= 1
+                yield reader
+                if enter(reader):
+                    stack.append(reader)
+
+
 def reads_variable(op: tf.Operation, depth: int = 3) -> bool:
     """Whether `op` takes one of the model's variables in (through a few reads, casts, reshapes)."""
     frontier = [t.op for t in op.inputs]

@@ -64,16 +64,6 @@ def unfollowed(analysis, in_tower, covered=frozenset(), budget: int = 200_000) -
 def _read_back(op: tf.Operation, budget: int = 400) -> bool:
     """Whether a forward op after `op` that reads one of the model's variables takes its value
     into a tensor that is not a scalar (a normalization, a centring): where a batch statistic goes."""
-    seen, stack = {op}, [op]
-    while stack and budget > 0:
-        for t in stack.pop().outputs:
-            for reader in t.consumers():
-                if reader in seen or batch_axis.is_gradient_op(reader):
-                    continue
-                seen.add(reader)
-                budget -= 1
-                if any(o.shape.rank != 0 and o.dtype.is_floating for o in reader.outputs) and \
-                        batch_axis.reads_variable(reader):
-                    return True
-                stack.append(reader)
-    return False
+    return any(any(o.shape.rank != 0 and o.dtype.is_floating for o in reader.outputs)
+               and batch_axis.reads_variable(reader)
+               for reader in batch_axis.forward_readers(op, lambda reader: True, budget))

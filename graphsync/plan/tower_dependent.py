@@ -106,18 +106,12 @@ def _counts_batch(size: tf.Operation, x: tf.Tensor, via, analysis) -> bool:
 def _met(op: tf.Operation, analysis, budget: int):
     """The tensors that meet `op`'s value on its way back into the examples: the other inputs of
     the ops it flows through while it holds no example, and of the first ones that do."""
-    downstream, stack, met = {op}, [op], []
-    while stack and budget > 0:
-        for t in stack.pop().outputs:
-            for reader in t.consumers():
-                if reader in downstream or batch_axis.is_gradient_op(reader):
-                    continue
-                downstream.add(reader)
-                budget -= 1
-                met += [i for i in reader.inputs if i.op not in downstream]
-                if reader.type in batch_axis.ELEMENTWISE and not any(analysis.carries(o) for o in reader.outputs):
-                    stack.append(reader)
-    return [t for t in met if t.op not in downstream]
+    def enter(reader):   # the statistic's own arithmetic, before it meets the examples
+        return reader.type in batch_axis.ELEMENTWISE and not any(analysis.carries(o) for o in reader.outputs)
+
+    readers = list(batch_axis.forward_readers(op, enter, budget))
+    downstream = {op, *readers}
+    return [t for reader in readers for t in reader.inputs if t.op not in downstream]
 
 
 def _own_count(op: tf.Operation) -> float | None:

@@ -99,7 +99,8 @@ def test_imagenet_resnet_figures_rewritten_and_original(resnet_reports, trainer)
     assert updates[0] < 1e-4 and updates[1] > 0.1, text
     # 20 batch norms × mean and variance × 2 towers; tower 0's EMAs of its cost and top-1 / top-5 errors apart
     assert "moving-statistics updates (80)" in text and "other writes, not judged (3)" in text
-    assert min(_row(text, "other writes, not judged")) > 1e-3, text
+    # they change beyond float rounding, by how much depends on the examples: 1.7e-4 to 0.038 measured
+    assert min(_row(text, "other writes, not judged")) > 1e-5, text
     assert re.search(r"^note: 3 writes that depend on the examples but on no batch statistic \(moving summaries "
                      r"of one tower's loss or error rates, e\.g\. EMA/", text, re.M), text
 

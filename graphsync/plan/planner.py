@@ -75,15 +75,14 @@ def _with_reductions(graph: tf.Graph, plan: Plan, rows, analysis, covered: dict,
     towers = list(plan.towers) if plan.layers else \
         [Tower(i, t.prefix) for i, t in enumerate(rule.rule_towers(analysis, plan.towers, explicit))]
     layers, dependent = reductions.layer_plans(graph, rows, analysis, towers)
+    if layers:
+        covered = {**covered, **{site.op: rule.REDUCTION for layer in layers for site in layer.sites}}
+        rows, _ = rule.verdicts(graph, towers, explicit, covered, analysis=analysis)
+        plan = dataclasses.replace(plan, towers=tuple(towers), layers=plan.layers + tuple(layers),
+                                   device=plan.device or default_device(layers[0].sites[0].op),
+                                   found_by=plan.found_by or ("towers= option" if explicit
+                                                              else known_convention(towers)))
     rows = tuple(dataclasses.replace(r, why=dependent[r.op]) if r.op in dependent else r for r in rows)
-    if not layers:
-        return plan, rows, covered
-    covered = {**covered, **{site.op: rule.REDUCTION for layer in layers for site in layer.sites}}
-    rows, _ = rule.verdicts(graph, towers, explicit, covered, analysis=analysis)
-    rows = tuple(dataclasses.replace(r, why=dependent[r.op]) if r.op in dependent else r for r in rows)
-    plan = dataclasses.replace(plan, towers=tuple(towers), layers=plan.layers + tuple(layers),
-                               device=plan.device or default_device(layers[0].sites[0].op),
-                               found_by=plan.found_by or ("towers= option" if explicit else known_convention(towers)))
     return plan, rows, covered
 
 

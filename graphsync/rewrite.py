@@ -99,7 +99,7 @@ def _rewrite(graph, towers, device, strategy, group_size, process_group, recompu
     moving_writes = moving_updates.writes_per_layer(plan.layers)
     shared_writes = shared_averages.shared_writes(plan)
     spliced = []
-    made_after = max((tf_private.creation_order(op) for op in graph.get_operations()), default=-1)
+    version = graph.version   # the ops created from here on are the splice's
     for layer in plan.layers:
         made = reduction.splice_reduction(graph, layer, exchange) if layer.kind == "reduction" else \
             splice.splice_layer(graph, layer, exchange, recompute=plan.recompute)
@@ -111,7 +111,7 @@ def _rewrite(graph, towers, device, strategy, group_size, process_group, recompu
                                          "rewritten" if layer.has_gradients else "autodiff"))
     _check(spliced)
     if plan.layers:   # the analysis again, on the result: no batch statistic left per tower
-        rule.check_rewritten(graph, plan, plan.covered, made_after)
+        rule.check_rewritten(graph, plan, plan.covered, version)
     report.shared_moving = shared_averages.leave_to_first_worker(graph, shared_writes, process_group)
     _say_kept_per_tower(plan.kept_per_tower)
     _say_unfollowed(plan.unfollowed)

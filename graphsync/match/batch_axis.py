@@ -58,10 +58,12 @@ import weakref
 import numpy as np
 import tensorflow as tf
 
-from graphsync.graph import shapes, tf_private
-from graphsync.match.hidden import INLINED_ATTR
+from graphsync.graph import by_type, shapes, tf_private
+from graphsync.match.fused import LOCAL_MOMENTS_GRADIENT
+from graphsync.match.hidden import CALL_TYPES, INLINED_ATTR
 
-_GRADIENT_SCOPE = re.compile(r"(?:^|/)gradients(?:_\d+)?/")
+# tf.gradients' scopes, and the backward graphsync splices beside a tower's op (`<op>_sync_grad_<k>/`)
+_GRADIENT_SCOPE = re.compile(r"(?:^|/)gradients(?:_\d+)?/|_sync_grad_\d+/")
 
 SOURCES = frozenset({"Placeholder", "PlaceholderWithDefault", "IteratorGetNext", "IteratorGetNextSync",
                      "QueueDequeueMany", "QueueDequeueManyV2", "QueueDequeueUpTo", "QueueDequeueUpToV2",
@@ -131,8 +133,8 @@ def is_gradient_op(op: tf.Operation) -> bool:
 def analyze(graph: tf.Graph, ops=None) -> Analysis:
     """Traces the batch axes through `graph` (or from `ops`, the graph's ops, when given)."""
     seeds = []
-    for op in ops if ops is not None else graph.get_operations():
-        if op.type in SOURCES and not is_gradient_op(op):
+    for op in by_type.ops_of_types(graph, SOURCES) if ops is None else (op for op in ops if op.type in SOURCES):
+        if not is_gradient_op(op):
             seeds += [(t, frozenset({0})) for t in op.outputs if t.shape.rank is None or t.shape.rank >= 1]
     return _trace(seeds, _Bodies.of(graph))
 
@@ -148,7 +150,7 @@ def _trace(seeds, bodies) -> Analysis:
     while queue:
         tensor = queue.pop()
         for op in tensor.consumers():
-            if is_gradient_op(op) or INLINED_ATTR in op.node_def.attr:   # an inlined call no longer runs
+            if is_gradient_op(op) or op.type in CALL_TYPES and INLINED_ATTR in op.node_def.attr:   # no longer runs
                 continue
             ins = [batch.get(t.ref()) for t in op.inputs]
             key = (op, tuple(ins))
@@ -385,6 +387,8 @@ def _apply(op, ins, batch=None):
     if kind in _FUSED:
         outs = _per_example(op, ins, 0)
         training = op.get_attr("is_training")
+        if training and ins[0] and _local_moments(op):   # graphsync's statistics kernel: its y feeds only the
+            return [None] * len(op.outputs), CrossOp(op, "kernel")   # residual graphsync sums over the towers
         return [outs[0]] + [None] * (len(op.outputs) - 1), (CrossOp(op, "kernel") if training and ins[0] else None)
     if kind in _KEEP:
         axes = _only(ins, 0, op)
@@ -400,6 +404,13 @@ def _apply(op, ins, batch=None):
     if rule is None:
         raise _End(f"no rule for op type {kind}")
     return rule(op, ins)
+
+
+def _local_moments(op) -> bool:
+    try:
+        return op.get_attr("_gradient_op_type").decode() == LOCAL_MOMENTS_GRADIENT
+    except ValueError:
+        return False
 
 
 def _rank(tensor):

@@ -20,7 +20,7 @@ import dataclasses
 
 import tensorflow as tf
 
-from graphsync.graph import tf_private
+from graphsync.graph import by_type, tf_private
 from graphsync.match.candidate import Candidate, ConditionalParts
 from graphsync.match.fused import FUSED_TYPES
 
@@ -176,9 +176,7 @@ def candidates(graph: tf.Graph) -> list[Candidate]:
     if not library:
         return []
     found = []
-    for op in graph.get_operations():
-        if op.type not in IF_TYPES:
-            continue
+    for op in by_type.ops_of_types(graph, IF_TYPES):
         forward = _forward(op, library)
         if forward is None:
             continue

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from graphsync.graph import tf_private
+from graphsync.graph import by_type, tf_private
 from graphsync.match.candidate import Candidate
 
 FUSED_TYPES = ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")
@@ -31,7 +31,8 @@ def is_live(op: tf.Operation) -> bool:
     return any(t.consumers() for t in op.outputs[:3]) or bool(tf_private.control_outputs(op))
 
 
-GRAPHSYNC_GRADIENTS = ("GraphsyncFusedLocalMoments", "GraphsyncFusedNormalize", "GraphsyncSynchronizedNormalize",
+LOCAL_MOMENTS_GRADIENT = "GraphsyncFusedLocalMoments"   # graphsync's per-tower statistics kernel
+GRAPHSYNC_GRADIENTS = (LOCAL_MOMENTS_GRADIENT, "GraphsyncFusedNormalize", "GraphsyncSynchronizedNormalize",
                        "GraphsyncConditionalStandIn")
 
 
@@ -47,8 +48,8 @@ def candidates(graph: tf.Graph) -> list[Candidate]:
     """Every fused batch-norm op in the graph, with the reason it cannot be synchronized if any
     that does not depend on towers."""
     found = []
-    for op in graph.get_operations():
-        if op.type not in FUSED_TYPES or made_by_graphsync(op):
+    for op in by_type.ops_of_types(graph, FUSED_TYPES):
+        if made_by_graphsync(op):
             continue
         reason = None
         if not is_training(op):

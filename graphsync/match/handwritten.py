@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from graphsync.graph import by_type
 from graphsync.match.candidate import Candidate, MomentsParts
 from graphsync.match.reductions import MeanOf, batch_axis_reason, mean_of, normalizes, statistics_ops
 
@@ -29,8 +30,8 @@ STARTS = ("Mean", "Sum", "RealDiv", "Div", "DivNoNan", "Mul", "Sub")
 
 def candidates(graph: tf.Graph) -> list[Candidate]:
     found, seen = [], set()
-    for op in graph.get_operations():
-        if op.type not in STARTS or not op.outputs:
+    for op in by_type.ops_of_types(graph, STARTS):
+        if not op.outputs:
             continue
         parsed = parse_variance(op.outputs[0])
         if parsed is None or parsed[0].tensor.op in seen:

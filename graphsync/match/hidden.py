@@ -19,7 +19,7 @@ INLINE_REMEDY = "call the function's Python code directly (without tf.function) 
 
 def is_inlined(op: tf.Operation) -> bool:
     """Whether graphsync already inlined this tf.function call (nothing reads it any more)."""
-    return INLINED_ATTR in op.node_def.attr
+    return op.type in CALL_TYPES and INLINED_ATTR in op.node_def.attr
 
 
 def functions_with_training_batch_norm(graph: tf.Graph) -> set[str]:

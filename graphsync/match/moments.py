@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from graphsync.graph import by_type
 from graphsync.match.candidate import Candidate, MomentsParts
 from graphsync.match.reductions import batch_axis_reason, const_axes
 
@@ -26,9 +27,7 @@ def candidates(graph: tf.Graph) -> list[Candidate]:
     """Every `tf.nn.moments`-shaped subgraph; those whose axes exclude the batch axis are listed
     with the reason (layer, instance and group norm are not batch norm)."""
     found = []
-    for sqdiff in graph.get_operations():
-        if sqdiff.type != "SquaredDifference":
-            continue
+    for sqdiff in by_type.ops_of_types(graph, STARTS):
         x, stopped = sqdiff.inputs
         if stopped.op.type != "StopGradient":
             x, stopped = stopped, x

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from graphsync.graph import by_type
 from graphsync.match.candidate import Candidate
 from graphsync.match.handwritten import candidate
 from graphsync.match.reductions import MeanOf, mean_of
@@ -22,9 +23,7 @@ STARTS = ("Sub",)   # the op types candidates() starts from (see match.starting_
 
 def candidates(graph: tf.Graph) -> list[Candidate]:
     found = []
-    for op in graph.get_operations():
-        if op.type not in STARTS:
-            continue
+    for op in by_type.ops_of_types(graph, STARTS):
         parsed = _parse(op)
         if parsed is not None:
             mean, shifted, shift, square = parsed

@@ -19,7 +19,7 @@ import dataclasses
 import tensorflow as tf
 
 from graphsync.match import batch_axis
-from graphsync.match.hidden import INLINED_ATTR
+from graphsync.match.hidden import is_inlined
 
 REDUCING = batch_axis.REDUCTION_TYPES | batch_axis.ORDER_TYPES
 
@@ -49,7 +49,7 @@ def unfollowed(analysis, in_tower, covered=frozenset(), budget: int = 200_000) -
         op = stack.pop()
         for t in op.outputs:
             for reader in t.consumers():
-                if reader in origin or batch_axis.is_gradient_op(reader) or INLINED_ATTR in reader.node_def.attr:
+                if reader in origin or batch_axis.is_gradient_op(reader) or is_inlined(reader):
                     continue
                 origin[reader] = origin[op]
                 budget -= 1

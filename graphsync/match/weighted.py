@@ -15,6 +15,7 @@ import dataclasses
 
 import tensorflow as tf
 
+from graphsync.graph import by_type
 from graphsync.match.candidate import Candidate, PerTower
 from graphsync.match.handwritten import candidate
 from graphsync.match.reductions import MeanOf, const_axes
@@ -28,9 +29,7 @@ STARTS = ("DivNoNan", "RealDiv")   # the op types candidates() starts from (see 
 
 def candidates(graph: tf.Graph) -> list[Candidate]:
     found = []
-    for op in graph.get_operations():
-        if op.type not in STARTS:
-            continue
+    for op in by_type.ops_of_types(graph, STARTS):
         parsed = _weighted_mean(op)
         if parsed is None:
             continue

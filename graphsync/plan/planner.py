@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from graphsync import match
 from graphsync.errors import GraphsyncError, NoTowersError
-from graphsync.graph import order, shapes, tf_private
+from graphsync.graph import by_type, order, shapes, tf_private
 from graphsync.match import batch_axis, hidden, unfollowed
 from graphsync.match.candidate import MomentsParts
 from graphsync.plan import reductions, rule, shared_tasks, training_flag
@@ -256,8 +256,8 @@ def _calls_hiding_batch_norm(graph: tf.Graph) -> tuple[list, list]:
     if not fused and not unfused:
         return [], []
     found = ([], [])
-    for op in graph.get_operations():
-        if op.type in match.FUNCTION_CALL_TYPES and not hidden.is_inlined(op):
+    for op in by_type.ops_of_types(graph, match.FUNCTION_CALL_TYPES):
+        if not hidden.is_inlined(op):
             called = match.called_functions(op)
             if called & fused:
                 found[0].append(op)

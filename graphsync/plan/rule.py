@@ -139,10 +139,11 @@ def refuse(rows) -> None:
             "or compute it outside the towers")
 
 
-def check_rewritten(graph: tf.Graph, plan, covered: dict, made_after: int) -> None:
+def check_rewritten(graph: tf.Graph, plan, covered: dict, version: int) -> None:
     """After the splice: the analysis again, on the result; a batch statistic still computed per
-    tower (not replaced by the rewrite, not made by it) is an error naming the op."""
-    made = frozenset(op for op in graph.get_operations() if tf_private.creation_order(op) > made_after)
+    tower (not replaced by the rewrite, not made by it since the graph's `version`) is an error
+    naming the op."""
+    made = frozenset(tf_private.ops_added_since(graph, version))
     rows, _ = verdicts(graph, plan.towers, False, covered, skip=made, processes=plan.process_group is not None)
     refused = [r for r in rows if r.verdict == "refused"]
     if refused:

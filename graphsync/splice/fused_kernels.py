@@ -25,8 +25,8 @@ from tensorflow.core.framework import attr_value_pb2
 from graphsync import stats
 from graphsync.graph import ref_races
 from graphsync.graph.tf_private import create_op, pristine_scope
+from graphsync.match.fused import LOCAL_MOMENTS_GRADIENT   # also how the analysis knows graphsync's own kernel
 
-LOCAL_MOMENTS_GRADIENT = "GraphsyncFusedLocalMoments"   # also how graphsync/match/fused.py recognizes graphsync's ops
 NORMALIZE_GRADIENT = "GraphsyncFusedNormalize"
 FORWARD_READ_GRADIENT = "GraphsyncForwardRead"
 

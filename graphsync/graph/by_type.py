@@ -1,0 +1,34 @@
+"""A graph's ops grouped by type, listed once per graph version.
+
+Each batch-norm form, the analysis' seeds and the planner's look for calls start from a few op
+types; each walking all of a 30,000-op graph (`op.type` is a call into TensorFlow's C API per op)
+cost more than the matching itself. Ops are never removed from a graph and never change type,
+so the grouping holds until the graph's version (the number of ops created) moves on.
+"""
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable
+
+import tensorflow as tf
+
+from graphsync.graph import tf_private
+
+_grouped = weakref.WeakKeyDictionary()   # graph → (graph.version, {op type: [ops in creation order]})
+
+
+def ops_of_types(graph: tf.Graph, types: Iterable[str]) -> list[tf.Operation]:
+    """The graph's ops of these types, in creation order (the order get_operations() lists them)."""
+    by_type = _by_type(graph)
+    found = [op for t in set(types) for op in by_type.get(t, ())]
+    return sorted(found, key=tf_private.creation_order)
+
+
+def _by_type(graph: tf.Graph) -> dict:
+    cached = _grouped.get(graph)
+    if cached is None or cached[0] != graph.version:
+        by_type: dict = {}
+        for op in graph.get_operations():
+            by_type.setdefault(op.type, []).append(op)
+        cached = _grouped[graph] = (graph.version, by_type)
+    return cached[1]

@@ -315,3 +315,48 @@ def test_reshape_by_factors_reads_no_order_a_transpose_mixed():
     analysis = batch_axis.analyze(graph)
     assert analysis.batch[mixed.ref()] == frozenset({0})
     assert analysis.batch.get(back.ref()) in (frozenset({0, 1}), None), analysis.batch.get(back.ref())
+
+
+def test_cross_entropy_with_labels_from_the_data_does_not_end_the_trace():
+    """Labels fed with the examples carry the batch too (every data-fed loss): the trace goes on to
+    the loss, whose mean over the batch is terminal; logits and labels on different axes end it."""
+    graph = tf.Graph()
+    with graph.as_default():
+        for i in range(2):
+            with tf.device(f"/cpu:{i}"), tf1.name_scope(f"tower_{i}"), \
+                    tf1.variable_scope("model", reuse=tf1.AUTO_REUSE):
+                x = tf1.placeholder(tf.float32, [None, 6, 6, 3], name="x")
+                labels = tf1.placeholder(tf.int32, [None], name="labels")
+                logits = tf.reduce_mean(_conv(tf.nn.relu(_conv(x, "c1")), "c2", 5), [1, 2])
+                tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
+                dense = tf.nn.softmax_cross_entropy_with_logits(labels=tf.one_hot(labels, 5), logits=logits)
+                tf.reduce_mean(dense, name="dense_loss")
+                tf.raw_ops.SoftmaxCrossEntropyWithLogits(features=tf.transpose(logits), labels=tf.one_hot(labels, 5))
+    analysis = batch_axis.analyze(graph)
+    ends = {op.name: why for op, why in analysis.ended}
+    assert all("Transpose" not in name and "SoftmaxCrossEntropyWithLogits" in name for name in ends), ends
+    assert len(ends) == 2 and all("different axes" in why for why in ends.values()), ends
+    for i in range(2):
+        loss = graph.get_operation_by_name(f"tower_{i}/model/dense_loss")
+        assert analysis.cross[loss].how == "reduce"
+        assert batch_axis.verdict(analysis, analysis.cross[loss])[0] == batch_axis.TERMINAL
+
+
+def test_a_statistic_whose_readers_outgrow_the_walk_is_not_judged_terminal():
+    """The walk that decides whether a value flows back into the examples has a budget; a value
+    whose readers it could not all visit is taken for a batch statistic (and said), never left
+    per tower as terminal on what the walk happened to see."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, [None, 4], name="x")
+        w = tf1.get_variable("w", [4], initializer=tf1.ones_initializer())
+        m = tf.reduce_mean(x, 0)
+        far = m
+        for _ in range(30):                                     # a long chain before the value returns
+            far = tf.math.sin(far)
+        (x - far) * w
+    analysis = batch_axis.analyze(graph)
+    crossed = analysis.cross[m.op]
+    assert batch_axis.verdict(analysis, crossed)[0] == batch_axis.STATISTIC
+    verdict, why = batch_axis.verdict(analysis, crossed, budget=10)
+    assert verdict == batch_axis.STATISTIC and "more than 10 ops, not all followed" in why, why

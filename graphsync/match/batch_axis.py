@@ -721,6 +721,13 @@ def _shape_value(t, memo, depth=0):
         if axis is None or int(axis) not in (0, -1) or any(p is None or p[0] for p in pieces):
             return None
         return False, [v for p in pieces for v in p[1]]
+    if op.type == "Slice":   # tf.nn.softmax_cross_entropy_with_logits: Slice(Shape(x), [rank − 1], [1])
+        value, begin, size = _shape_value(op.inputs[0], memo, depth + 1), _small_int(op.inputs[1]), \
+            _small_int(op.inputs[2])
+        if value is None or value[0] or begin is None or size is None:
+            return None
+        end = len(value[1]) if size == -1 else begin + size
+        return (False, value[1][begin:end]) if 0 <= begin <= end <= len(value[1]) else None
     if op.type == "StridedSlice":
         value = _shape_value(op.inputs[0], memo, depth + 1)
         spec = [tf.get_static_value(x) for x in op.inputs[1:4]]
@@ -733,6 +740,23 @@ def _shape_value(t, memo, depth=0):
             return (True, [value[1][begin]]) if -len(value[1]) <= begin < len(value[1]) else None
         sl = slice(None if masks[0] & 1 else begin, None if masks[1] & 1 else end, stride)
         return False, value[1][sl]
+    return None
+
+
+def _small_int(t, depth=0):
+    """A one-element int tensor's value, also when computed by Add/Sub/Pack from constants and
+    ranks (TensorFlow's static values stop at arithmetic), else None."""
+    value = tf.get_static_value(t)
+    if value is not None:
+        return int(np.ravel(value)[0]) if np.size(value) == 1 else None
+    op = t.op
+    if depth < 8 and op.type in ("Sub", "Add", "AddV2"):
+        a, b = (_small_int(x, depth + 1) for x in op.inputs)
+        return None if a is None or b is None else a - b if op.type == "Sub" else a + b
+    if depth < 8 and op.type in ("Pack", "Identity") and len(op.inputs) == 1:
+        return _small_int(op.inputs[0], depth + 1)
+    if op.type == "Rank" and op.inputs[0].shape.rank is not None:
+        return op.inputs[0].shape.rank
     return None
 
 
@@ -1020,7 +1044,11 @@ def _identity_n(op, ins):
 
 
 def _xent(op, ins):
-    axes = _only(ins, 0, op) or ins[1]
+    """Logits and labels hold one row per example (labels fed with the data carry the batch too)."""
+    logits, labels = ins[0], ins[1]
+    if logits and labels and logits != labels:
+        raise _End("cross entropy whose logits and labels carry the batch on different axes")
+    axes = logits or labels
     if axes and axes != frozenset({0}):
         raise _End("cross entropy with the batch off the rows")
     return [axes, axes], None
@@ -1178,6 +1206,8 @@ def verdict(analysis: Analysis, crossed: CrossOp, tower_of=None, skip=frozenset(
             return STATISTIC, why
         start = [op.outputs[k] for k in crossed.returned]
         reader, merged = _flows_back(analysis, op, tower_of, skip, budget, start)
+        if reader is _BEYOND_BUDGET:
+            return STATISTIC, f"{why}; {_BEYOND_BUDGET_WHY % budget}"
         if reader is None:
             if merged is not None:
                 return SYNCHRONIZED, f"{why}; {merged.name} combines it with the other towers'"
@@ -1191,6 +1221,8 @@ def verdict(analysis: Analysis, crossed: CrossOp, tower_of=None, skip=frozenset(
             return STATISTIC, how
         return TERMINAL, how + ", but nothing reads its output"
     reader, merged = _flows_back(analysis, op, tower_of, skip, budget)
+    if reader is _BEYOND_BUDGET:
+        return STATISTIC, f"{how}; {_BEYOND_BUDGET_WHY % budget}"
     if reader is None:
         if merged is not None:
             return SYNCHRONIZED, f"{how}; {merged.name} combines it with the other towers'"
@@ -1203,11 +1235,16 @@ def verdict(analysis: Analysis, crossed: CrossOp, tower_of=None, skip=frozenset(
     return STATISTIC, f"{how}, and {reader.name} reads it back into the examples"
 
 
+# A value whose readers outnumber the walk's budget is not judged terminal on what the walk saw.
+_BEYOND_BUDGET = object()
+_BEYOND_BUDGET_WHY = "its value reaches more than %d ops, not all followed: taken for a batch statistic"
+
+
 def _flows_back(analysis: Analysis, op: tf.Operation, tower_of, skip, budget, start=None):
     """(the first forward op downstream of `op` (of its outputs `start` when given) whose output
     carries the batch and that reads one of the model's variables: the statistic went back into
-    the model, or None; the first merge across towers met, or None). Merges, and products with a
-    constant zero, are not entered."""
+    the model, or None, or _BEYOND_BUDGET when more than `budget` ops were left to walk; the first
+    merge across towers met, or None). Merges, and products with a constant zero, are not entered."""
     seen, stack, merged = {op}, [list(op.outputs) if start is None else start], None
     while stack and budget > 0:
         for t in stack.pop():
@@ -1224,7 +1261,7 @@ def _flows_back(analysis: Analysis, op: tf.Operation, tower_of, skip, budget, st
                 if any(analysis.carries(o) for o in reader.outputs) and reads_variable(reader):
                     return reader, merged
                 stack.append(reader.outputs)
-    return None, merged
+    return (_BEYOND_BUDGET if stack else None), merged
 
 
 def _is_merge(op, tower_of) -> bool:

@@ -63,7 +63,11 @@ def unfollowed(analysis, in_tower, covered=frozenset(), budget: int = 200_000) -
 
 def _read_back(op: tf.Operation, budget: int = 400) -> bool:
     """Whether a forward op after `op` that reads one of the model's variables takes its value
-    into a tensor that is not a scalar (a normalization, a centring): where a batch statistic goes."""
-    return any(any(o.shape.rank != 0 and o.dtype.is_floating for o in reader.outputs)
-               and batch_axis.reads_variable(reader)
-               for reader in batch_axis.forward_readers(op, lambda reader: True, budget))
+    into a tensor that is not a scalar (a normalization, a centring): where a batch statistic goes.
+    Readers beyond the budget are not followed, and are taken to read it back (the line is said)."""
+    walked = 0
+    for reader in batch_axis.forward_readers(op, lambda reader: True, budget):
+        walked += 1
+        if any(o.shape.rank != 0 and o.dtype.is_floating for o in reader.outputs) and batch_axis.reads_variable(reader):
+            return True
+    return walked >= budget

@@ -192,3 +192,49 @@ def test_a_reduction_in_a_loop_read_only_by_a_summary_is_left_alone(version):
             warnings.simplefilter("error", graphsync.GraphsyncWarning)
             report = graphsync.rewrite_towers(built.graph)
     assert len(report.layers) == 3 and not analysis.ended, (str(report), analysis.ended)
+
+
+@pytest.mark.parametrize("version", ["v2", "v1"])
+def test_a_dense_layer_after_a_recurrence_of_unknown_batch_and_length_keeps_the_trace(version):
+    """tf.tensordot (a Dense layer on [N, T, C]) after a loop, batch size and length both unknown
+    when built: its reshapes are read by the dimensions they gather, so the trace carries the
+    batch on N to the output and a statistic there is found, not lost past an unread reshape."""
+    with control_flow(version):
+        graph = tf.Graph()
+        with graph.as_default():
+            x = tf1.placeholder(tf.float32, [None, None, CHANNELS], name="x")
+            h = _recurrence(x, "scan", False)
+            d = tf1.get_variable("d", [UNITS, WIDTH], x.dtype)
+            y = tf.tensordot(h, d, [[2], [0]])
+            centred = y - tf.reduce_mean(y, [0, 1])
+    analysis = batch_axis.analyze(graph)
+    assert not analysis.ended, analysis.ended
+    assert analysis.batch[y.ref()] == frozenset({0}) and analysis.batch[centred.ref()] == frozenset({0})
+    assert [c.op.type for c in analysis.cross.values()] == ["Mean"]
+
+
+def test_a_branch_whose_intermediates_the_gradient_keeps_does_not_end_the_trace():
+    """Once gradients are built, control flow v2 makes an If return its branches' intermediates,
+    wrapped in optionals (OptionalFromValue, OptionalNone) for the gradient alone: the trace goes
+    on through the If, and a statistic after it is found."""
+    with control_flow("v2"):
+        graph = tf.Graph()
+        with graph.as_default():
+            x = tf1.placeholder(tf.float32, [None, CHANNELS], name="x")
+            training = tf1.placeholder_with_default(True, [], name="training")
+            w = tf1.get_variable("w", [CHANNELS, UNITS])
+            h = tf.matmul(x, w)
+            h = tf.cond(training, lambda: tf.square(tf.tanh(h)) * 2.0, lambda: h)
+            centred = h - tf.reduce_mean(h, 0)
+            d = tf1.get_variable("d", [UNITS, WIDTH])
+            tf.gradients(tf.reduce_sum(tf.square(tf.matmul(centred, d))), [w, d])
+    ifs = [op for op in graph.get_operations() if op.type in ("If", "StatelessIf")]
+    body = ifs[0].get_attr("then_branch").name
+    library = {f.signature.name: f for f in graph.as_graph_def().library.function}
+    assert any(node.op == "OptionalFromValue" for node in library[body].node_def) or \
+        any(node.op == "OptionalFromValue" for f in library.values() for node in f.node_def)
+    analysis = batch_axis.analyze(graph)
+    assert not analysis.ended, analysis.ended
+    assert analysis.batch[centred.ref()] == frozenset({0})
+    verdicts = {c.op.type: batch_axis.verdict(analysis, c)[0] for c in analysis.cross.values()}
+    assert verdicts == {"Mean": batch_axis.STATISTIC, "Sum": batch_axis.TERMINAL}, verdicts   # the centring; the loss

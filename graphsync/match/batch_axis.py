@@ -90,7 +90,8 @@ Shape ShapeN Size Rank BroadcastArgs BroadcastGradientArgs Assign AssignAdd Assi
 AssignAddVariableOp AssignSubVariableOp ScalarSummary HistogramSummary ImageSummary AudioSummary
 AudioSummaryV2 TensorSummary TensorSummaryV2 MergeSummary WriteSummary WriteScalarSummary
 WriteHistogramSummary WriteImageSummary Print PrintV2 Assert NoOp SaveV2 Save SaveSlices StringFormat
-""".split())
+OptionalFromValue OptionalNone
+""".split())   # cond_v2 wraps a branch's intermediates in optionals for the If's gradient alone
 _ORDER = frozenset("TopKV2 TopK ArgMax ArgMin Cumsum Cumprod CumulativeLogsumexp Unique UniqueV2 UniqueWithCounts".split())
 _FUSED = frozenset({"FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3"})
 REDUCTION_TYPES, ORDER_TYPES, ELEMENTWISE = _REDUCTIONS, _ORDER, _UNARY_BINARY   # for other modules' walks

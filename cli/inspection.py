@@ -148,7 +148,8 @@ def _format_inspection(info: dict, verbose: bool) -> str:
             lines.append(f"  … {len(rows) - len(shown)} synchronized with the layers above (-v lists them)")
     if info.get("unfollowed"):
         lines.append(f"not checked, past where the batch axis's trace ended ({len(info['unfollowed'])}):")
-        lines.extend(f"  {u['op']} ({u['type']}): read back into the model; past {u['end']}"
+        lines.extend(f"  {u['op']} ({u['type']}): read back into the model; "
+                     + (f"the trace ended here: {u['why']}" if u["op"] == u["end"] else f"past {u['end']}")
                      for u in info["unfollowed"])
     if verbose and info.get("trace_ended"):
         lines.append(f"where the batch axis's trace ended ({len(info['trace_ended'])}):")

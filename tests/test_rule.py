@@ -360,3 +360,26 @@ def test_a_statistic_whose_readers_outgrow_the_walk_is_not_judged_terminal():
     assert batch_axis.verdict(analysis, crossed)[0] == batch_axis.STATISTIC
     verdict, why = batch_axis.verdict(analysis, crossed, budget=10)
     assert verdict == batch_axis.STATISTIC and "more than 10 ops, not all followed" in why, why
+
+
+def test_an_op_the_trace_cannot_follow_whose_value_is_read_back_is_said():
+    """The op where the trace ends may combine examples itself (an op type the rule has no entry
+    for): when the model reads its value back it is said in one line, as a reduction past it is;
+    one whose value reaches only a loss is not."""
+    graph = tf.Graph()
+    with graph.as_default():
+        for i, n in enumerate(BATCHES):
+            with tf.device(f"/cpu:{i}"), tf1.name_scope(f"tower_{i}"), \
+                    tf1.variable_scope("model", reuse=tf1.AUTO_REUSE):
+                h = _conv(tf1.placeholder(tf.float32, [n, 6, 6, 3], name="x"), "c1")
+                odd = tf.raw_ops.Bitcast(input=tf.raw_ops.Bitcast(input=h, type=tf.int32), type=tf.float32)
+                lost = tf.raw_ops.Bitcast(input=h, type=tf.int32, name="to_loss")
+                tf.reduce_sum(tf.square(_conv(odd, "c2"))) + tf.cast(tf.reduce_sum(lost), tf.float32)
+        plan, _ = graphsync.rewrite.plan_towers(graph)
+        assert sorted((u.op, u.end) for u in plan.unfollowed) == [
+            (f"tower_{i}/model/Bitcast", f"tower_{i}/model/Bitcast") for i in range(3)], plan.unfollowed
+        with pytest.warns(graphsync.GraphsyncWarning) as said:
+            graphsync.rewrite_towers(graph)
+    message, = [str(w.message) for w in said]
+    assert "\n" not in message and "/model/Bitcast (Bitcast) holds the batch and the trace cannot follow it " \
+        "(no rule for op type Bitcast), and the model reads its value back (and 2 more" in message, message

@@ -5,7 +5,9 @@ reshape whose shape it cannot read), a tower's tensors may still hold its exampl
 one knows. A reduction there that the model reads back may then be a batch statistic training
 per tower, and neither the rule nor the check after the rewrite would see it. graphsync cannot
 tell, so it says which reductions those are (`unfollowed`): the rewrite and `graphsync run` warn
-in one line, `graphsync inspect` lists them.
+in one line, `graphsync inspect` lists them. The op where the trace ended may itself combine
+examples (an op type the table does not know): when the model reads its value back and no
+reduction past it is said already, it is said the same way.
 
 Refusing instead would stop legal training whenever the table lacks an op type (an image op of
 the user's augmentation inside the towers), for reductions that most often are per example
@@ -34,14 +36,18 @@ class Unfollowed:
     why: str
 
     def line(self) -> str:
+        if self.op == self.end:
+            return (f"{self.op} ({self.type}) holds the batch and the trace cannot follow it ({self.why}), "
+                    "and the model reads its value back")
         return (f"{self.op} ({self.type}) reduces a tensor the batch axis could not be followed into "
                 f"(past {self.end}: {self.why}), and the model reads it back")
 
 
 def unfollowed(analysis, in_tower, covered=frozenset(), budget: int = 200_000) -> list[Unfollowed]:
     """The reductions past the trace's ends inside the towers (`in_tower(op)`) that the model
-    reads back, in the graph's order of the walk; those `covered` (synchronized by a form) left out.
-    One walk from every end at once: each op is visited once, whatever the number of ends."""
+    reads back, in the graph's order of the walk, then the ends read back that no reduction past
+    them names; those `covered` (synchronized by a form) left out. One walk from every end at
+    once: each op is visited once, whatever the number of ends."""
     ends = {op: why for op, why in analysis.ended if in_tower(op)}
     origin = {op: op for op in ends}
     stack, found = list(ends), []
@@ -58,6 +64,9 @@ def unfollowed(analysis, in_tower, covered=frozenset(), budget: int = 200_000) -
                         and not analysis.carries(reader.inputs[0]) and _read_back(reader):
                     end = origin[reader]
                     found.append(Unfollowed(reader.name, reader.type, end.name, ends[end]))
+    said = {u.end for u in found}
+    found += [Unfollowed(op.name, op.type, op.name, why) for op, why in ends.items()   # the end may combine
+              if op.name not in said and op not in covered and _read_back(op)]     # examples itself
     return found
 
 

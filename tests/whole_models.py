@@ -51,7 +51,7 @@ def check(name, built, sizes, defaults, refusals_allowed=True):
     error, noise = _run(graph, inputs, outputs, references, train, init, feed, step=True)
     tolerance = max(4 * noise, FLOOR)
     print(f"{name}: {len(report.layers)} layers, error {error:.2g}, one device's noise {noise:.2g}, "
-          f"unsynchronized {unsynced:.2g}, trace ends {len(plan.trace_ended)}")
+          f"unsynchronized {unsynced:.2g}, trace ends {len(plan.trace_ended)} {[op for op, _ in plan.trace_ended][:3]}")
     if noise > CONDITIONED:
         assert name not in defaults, f"{name} is ill-conditioned at {size}×{size}: take it out of the defaults"
         return

@@ -11,6 +11,8 @@ oneDNN, against an unsynchronized 0.6–1.7. A model still noisier than 1e-2 is 
 rewrite and step only, and none of the default ones is. ResNetRS* is built without its top
 (include_top=False, pooling="avg"): the top's Dropout(0.25) makes each training-mode call random
 (noise 0.46–0.49); without it ResNetRS50 measured 3.1e-10 against noise 6.9e-10, unsynchronized 1.
+ResNetRS200 and larger drop whole blocks at random in training (stochastic depth): noise 0.95–1.4
+even without the top, so they are checked for their rewrite and step only.
 
 The default run takes four families' small models; set
 GRAPHSYNC_ALL_APPLICATIONS=1 for every model of tf_keras.applications (about 40 minutes on 2 cores).

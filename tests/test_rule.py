@@ -171,18 +171,26 @@ def test_verdicts_synchronized_ghost_terminal_and_where_the_trace_ended():
     assert plan.unfollowed == (), plan.unfollowed   # past the Bitcast only a loss: nothing read back
 
 
-def test_a_reduction_past_where_the_trace_ended_read_back_is_said_in_one_line():
-    """Past an op the tracer cannot follow the batch's axes are unknown: a mean there that the
-    model reads back may be a batch statistic, and graphsync says so (match/unfollowed.py)."""
+def _uneven_towers(tail):
+    """3 towers of BATCHES examples, static shapes: a convolution, then `tail(h)` in the tower."""
     graph = tf.Graph()
     with graph.as_default():
         for i, n in enumerate(BATCHES):
             with tf.device(f"/cpu:{i}"), tf1.name_scope(f"tower_{i}"), \
                     tf1.variable_scope("model", reuse=tf1.AUTO_REUSE):
-                h = _conv(tf1.placeholder(tf.float32, [n, 6, 6, 3], name="x"), "c1")
-                h = tf.raw_ops.Bitcast(input=tf.raw_ops.Bitcast(input=h, type=tf.int32), type=tf.float32)
-                h = h - tf.reduce_mean(h, [0, 1, 2])                    # unseen by the rule: no axes past Bitcast
-                tf.reduce_sum(tf.square(_conv(h, "c2")))
+                tail(_conv(tf1.placeholder(tf.float32, [n, 6, 6, 3], name="x"), "c1"))
+    return graph
+
+
+def test_a_reduction_past_where_the_trace_ended_read_back_is_said_in_one_line():
+    """Past an op the tracer cannot follow the batch's axes are unknown: a mean there that the
+    model reads back may be a batch statistic, and graphsync says so (match/unfollowed.py)."""
+    def tail(h):
+        h = tf.raw_ops.Bitcast(input=tf.raw_ops.Bitcast(input=h, type=tf.int32), type=tf.float32)
+        h = h - tf.reduce_mean(h, [0, 1, 2])                    # unseen by the rule: no axes past Bitcast
+        tf.reduce_sum(tf.square(_conv(h, "c2")))
+    graph = _uneven_towers(tail)
+    with graph.as_default():
         plan, _ = graphsync.rewrite.plan_towers(graph)
         assert [(u.op, u.end) for u in plan.unfollowed] == [
             (f"tower_{i}/model/Mean", f"tower_{i}/model/Bitcast") for i in (2, 1, 0)] or \
@@ -366,15 +374,12 @@ def test_an_op_the_trace_cannot_follow_whose_value_is_read_back_is_said():
     """The op where the trace ends may combine examples itself (an op type the rule has no entry
     for): when the model reads its value back it is said in one line, as a reduction past it is;
     one whose value reaches only a loss is not."""
-    graph = tf.Graph()
+    def tail(h):
+        odd = tf.raw_ops.Bitcast(input=tf.raw_ops.Bitcast(input=h, type=tf.int32), type=tf.float32)
+        lost = tf.raw_ops.Bitcast(input=h, type=tf.int32, name="to_loss")
+        tf.reduce_sum(tf.square(_conv(odd, "c2"))) + tf.cast(tf.reduce_sum(lost), tf.float32)
+    graph = _uneven_towers(tail)
     with graph.as_default():
-        for i, n in enumerate(BATCHES):
-            with tf.device(f"/cpu:{i}"), tf1.name_scope(f"tower_{i}"), \
-                    tf1.variable_scope("model", reuse=tf1.AUTO_REUSE):
-                h = _conv(tf1.placeholder(tf.float32, [n, 6, 6, 3], name="x"), "c1")
-                odd = tf.raw_ops.Bitcast(input=tf.raw_ops.Bitcast(input=h, type=tf.int32), type=tf.float32)
-                lost = tf.raw_ops.Bitcast(input=h, type=tf.int32, name="to_loss")
-                tf.reduce_sum(tf.square(_conv(odd, "c2"))) + tf.cast(tf.reduce_sum(lost), tf.float32)
         plan, _ = graphsync.rewrite.plan_towers(graph)
         assert sorted((u.op, u.end) for u in plan.unfollowed) == [
             (f"tower_{i}/model/Bitcast", f"tower_{i}/model/Bitcast") for i in range(3)], plan.unfollowed

@@ -59,8 +59,8 @@ import numpy as np
 import tensorflow as tf
 
 from graphsync.graph import by_type, shapes, tf_private
-from graphsync.match.fused import LOCAL_MOMENTS_GRADIENT
-from graphsync.match.hidden import CALL_TYPES, INLINED_ATTR
+from graphsync.match.fused import LOCAL_MOMENTS_GRADIENT, gradient_type
+from graphsync.match.hidden import is_inlined
 
 # tf.gradients' scopes, and the backward graphsync splices beside a tower's op (`<op>_sync_grad_<k>/`)
 _GRADIENT_SCOPE = re.compile(r"(?:^|/)gradients(?:_\d+)?/|_sync_grad_\d+/")
@@ -151,7 +151,7 @@ def _trace(seeds, bodies) -> Analysis:
     while queue:
         tensor = queue.pop()
         for op in tensor.consumers():
-            if is_gradient_op(op) or op.type in CALL_TYPES and INLINED_ATTR in op.node_def.attr:   # no longer runs
+            if is_gradient_op(op) or is_inlined(op):   # an inlined call no longer runs
                 continue
             ins = [batch.get(t.ref()) for t in op.inputs]
             key = (op, tuple(ins))
@@ -408,10 +408,7 @@ def _apply(op, ins, batch=None):
 
 
 def _local_moments(op) -> bool:
-    try:
-        return op.get_attr("_gradient_op_type").decode() == LOCAL_MOMENTS_GRADIENT
-    except ValueError:
-        return False
+    return gradient_type(op) == LOCAL_MOMENTS_GRADIENT
 
 
 def _rank(tensor):
@@ -1276,10 +1273,7 @@ def _is_merge(op, tower_of) -> bool:
 def _is_view(op) -> bool:
     if op.type != "IdentityN":
         return False
-    try:
-        return op.get_attr("_gradient_op_type").decode() in GRAPHSYNC_VIEWS
-    except ValueError:
-        return False
+    return gradient_type(op) in GRAPHSYNC_VIEWS
 
 
 def _times_zero(op) -> bool:

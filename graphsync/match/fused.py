@@ -36,12 +36,18 @@ GRAPHSYNC_GRADIENTS = (LOCAL_MOMENTS_GRADIENT, "GraphsyncFusedNormalize", "Graph
                        "GraphsyncConditionalStandIn")
 
 
+def gradient_type(op: tf.Operation) -> str | None:
+    """The gradient an op was given by name (`_gradient_op_type`, how graphsync marks its own ops,
+    in saved graphs too), or None."""
+    try:
+        return op.get_attr("_gradient_op_type").decode()
+    except ValueError:
+        return None
+
+
 def made_by_graphsync(op: tf.Operation) -> bool:
     """graphsync's own fused kernels carry its gradient names (in saved graphs too)."""
-    try:
-        return op.get_attr("_gradient_op_type").decode() in GRAPHSYNC_GRADIENTS
-    except ValueError:
-        return False
+    return gradient_type(op) in GRAPHSYNC_GRADIENTS
 
 
 def candidates(graph: tf.Graph) -> list[Candidate]:

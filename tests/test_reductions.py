@@ -11,6 +11,7 @@ float32 ≤ 2e-6). Un-rewritten errors are 0.05 and more. Measured errors are pr
 """
 import functools
 import itertools
+import re
 import warnings
 
 import numpy as np
@@ -19,6 +20,7 @@ import tensorflow as tf
 
 import graphsync
 import towerlib as tl
+from graphsync.match import batch_axis
 
 tf1 = tf.compat.v1
 BATCHES = (2, 3, 4)
@@ -93,6 +95,13 @@ def _after_atrous(h):
     return _affine(h * tf.math.rsqrt(tf.math.reduce_variance(h, [0, 1, 2]) + EPSILON), "bn")
 
 
+def _declared_per_example(h):
+    """An op type the trace has no rule for (Erfinv), then a centring: refused unless the user
+    declares the op per example (GRAPHSYNC_PER_EXAMPLE_OPS, set for this module by `declared`)."""
+    h = tf.math.erfinv(0.9 * tf.tanh(h))
+    return _affine(h - tf.reduce_mean(h, [0, 1, 2]), "bn")
+
+
 FORMS = {   # name: h -> normalized h, written as users write them
     "reduce_variance": lambda h: _affine(h * tf.math.rsqrt(tf.math.reduce_variance(h, [0, 1, 2]) + EPSILON), "bn"),
     "reduce_std": lambda h: _affine(h / (tf.math.reduce_std(h, [0, 1, 2]) + EPSILON), "bn"),
@@ -103,6 +112,7 @@ FORMS = {   # name: h -> normalized h, written as users write them
     "min_max_scaling": _min_max_scaling,
     "switchable": _switchable,
     "after_atrous": _after_atrous,
+    "declared_per_example": _declared_per_example,
     "masked_sequence": None,   # [N, T, C] with a mask per step: _sequence_model
 }
 STATIC = ("weighted_folded",)   # built with static batch sizes per tower (the rest: dynamic)
@@ -150,6 +160,12 @@ def _model(form, sizes):
 
 def _shape(form):
     return SEQUENCE if form == "masked_sequence" else IMAGE
+
+
+@pytest.fixture(autouse=True)
+def declared(monkeypatch):
+    """Erfinv declared per example for every test here, as a user would declare a custom op."""
+    monkeypatch.setenv(batch_axis.PER_EXAMPLE_ENV, "Erfinv")
 
 
 @functools.lru_cache(maxsize=None)
@@ -239,6 +255,25 @@ def test_a_product_over_the_batch_stays_refused():
         return tf.reduce_mean(_conv(h * tf.reduce_prod(tf.sigmoid(h), [0, 1, 2]), "c2", WIDTH), [1, 2]), []
     with pytest.raises(graphsync.GraphsyncError, match=r"^tower_0/Prod \(Prod\) computes a batch statistic"):
         tl.build(model, list(BATCHES), rewrite=graphsync.rewrite_towers)
+
+
+def test_an_op_type_without_a_rule_read_back_is_refused_until_declared(monkeypatch):
+    """Undeclared, Erfinv ends the trace and the model reads back a mean past it: Erfinv might
+    combine examples, so the rewrite is refused in one line naming the remedy, the graph left alone.
+    (Declared, it trains as one device: test_step_equals_single_device_reference.)"""
+    monkeypatch.delenv(batch_axis.PER_EXAMPLE_ENV)
+    built = tl.build(_model("declared_per_example", BATCHES), list(BATCHES), dtype=tf.float64, input_shape=IMAGE)
+    before = built.graph.as_graph_def()
+    with pytest.raises(graphsync.GraphsyncError) as refused:
+        graphsync.rewrite_towers(built.graph)
+    message = str(refused.value)
+    assert "\n" not in message and re.match(
+        r"tower_\d/Mean \(Mean\) reduces a tensor the batch axis could not be followed into \(past "
+        r"tower_\d/erfinv/Erfinv: no rule for op type Erfinv\), and the model reads it back \(and 2 more: "
+        r"graphsync inspect\): graphsync cannot tell "
+        r"whether Erfinv combines examples; if it keeps each example apart \(batch on axis 0\), declare it: "
+        r"GRAPHSYNC_PER_EXAMPLE_OPS=Erfinv; else compute it outside the towers$", message), message
+    assert built.graph.as_graph_def() == before
 
 
 def _fused_and_centring(x):

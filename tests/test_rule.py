@@ -183,18 +183,19 @@ def _uneven_towers(tail):
 
 
 def test_a_reduction_past_where_the_trace_ended_read_back_is_said_in_one_line():
-    """Past an op the tracer cannot follow the batch's axes are unknown: a mean there that the
-    model reads back may be a batch statistic, and graphsync says so (match/unfollowed.py)."""
+    """Past a reshape whose target the tracer cannot read the batch's axes are unknown: a mean
+    there that the model reads back may be a batch statistic, and graphsync says so
+    (match/unfollowed.py). No declaration could help, so it is a warning, not a refusal."""
     def tail(h):
-        h = tf.raw_ops.Bitcast(input=tf.raw_ops.Bitcast(input=h, type=tf.int32), type=tf.float32)
-        h = h - tf.reduce_mean(h, [0, 1, 2])                    # unseen by the rule: no axes past Bitcast
+        shape = tf1.Variable(h.shape.as_list(), trainable=False, name="shape")
+        h = tf.ensure_shape(tf.reshape(h, shape.read_value()), h.shape)   # a target held in a variable: not read
+        h = h - tf.reduce_mean(h, [0, 1, 2])                    # unseen by the rule: no axes past the reshape
         tf.reduce_sum(tf.square(_conv(h, "c2")))
     graph = _uneven_towers(tail)
     with graph.as_default():
         plan, _ = graphsync.rewrite.plan_towers(graph)
-        assert [(u.op, u.end) for u in plan.unfollowed] == [
-            (f"tower_{i}/model/Mean", f"tower_{i}/model/Bitcast") for i in (2, 1, 0)] or \
-            sorted(u.op for u in plan.unfollowed) == [f"tower_{i}/model/Mean" for i in range(3)], plan.unfollowed
+        assert sorted((u.op, u.end) for u in plan.unfollowed) == [
+            (f"tower_{i}/model/Mean", f"tower_{i}/model/Reshape") for i in range(3)], plan.unfollowed
         with pytest.warns(graphsync.GraphsyncWarning) as said:
             graphsync.rewrite_towers(graph)
     message, = [str(w.message) for w in said]
@@ -370,21 +371,40 @@ def test_a_statistic_whose_readers_outgrow_the_walk_is_not_judged_terminal():
     assert verdict == batch_axis.STATISTIC and "more than 10 ops, not all followed" in why, why
 
 
-def test_an_op_the_trace_cannot_follow_whose_value_is_read_back_is_said():
+def _read_back_bitcast(h):
+    odd = tf.raw_ops.Bitcast(input=tf.raw_ops.Bitcast(input=h, type=tf.int32), type=tf.float32)
+    lost = tf.raw_ops.Bitcast(input=h, type=tf.int32, name="to_loss")
+    tf.reduce_sum(tf.square(_conv(odd, "c2"))) + tf.cast(tf.reduce_sum(lost), tf.float32)
+
+
+def test_an_op_type_without_a_rule_whose_value_is_read_back_is_refused():
     """The op where the trace ends may combine examples itself (an op type the rule has no entry
-    for): when the model reads its value back it is said in one line, as a reduction past it is;
-    one whose value reaches only a loss is not."""
-    def tail(h):
-        odd = tf.raw_ops.Bitcast(input=tf.raw_ops.Bitcast(input=h, type=tf.int32), type=tf.float32)
-        lost = tf.raw_ops.Bitcast(input=h, type=tf.int32, name="to_loss")
-        tf.reduce_sum(tf.square(_conv(odd, "c2"))) + tf.cast(tf.reduce_sum(lost), tf.float32)
-    graph = _uneven_towers(tail)
+    for): when the model reads its value back the rewrite is refused in one line naming it and the
+    remedy, the graph left alone; one whose value reaches only a loss is not named."""
+    graph = _uneven_towers(_read_back_bitcast)
     with graph.as_default():
-        plan, _ = graphsync.rewrite.plan_towers(graph)
-        assert sorted((u.op, u.end) for u in plan.unfollowed) == [
-            (f"tower_{i}/model/Bitcast", f"tower_{i}/model/Bitcast") for i in range(3)], plan.unfollowed
-        with pytest.warns(graphsync.GraphsyncWarning) as said:
+        before = graph.as_graph_def()
+        with pytest.raises(graphsync.GraphsyncError) as refused:
             graphsync.rewrite_towers(graph)
-    message, = [str(w.message) for w in said]
+    message = str(refused.value)
     assert "\n" not in message and "/model/Bitcast (Bitcast) holds the batch and the trace cannot follow it " \
-        "(no rule for op type Bitcast), and the model reads its value back (and 2 more" in message, message
+        "(no rule for op type Bitcast), and the model reads its value back (and 2 more: graphsync inspect): " \
+        "graphsync cannot tell whether Bitcast combines examples; if it keeps each example apart (batch on axis 0), " \
+        "declare it: GRAPHSYNC_PER_EXAMPLE_OPS=Bitcast; else compute it outside the towers" in message, message
+    assert "to_loss" not in message
+    assert graph.as_graph_def() == before
+
+
+def test_an_op_type_declared_per_example_is_followed(monkeypatch):
+    """Declared (GRAPHSYNC_PER_EXAMPLE_OPS), the op carries the batch on axis 0 like a convolution:
+    the trace goes on, nothing is refused, and a statistic past it is found by the rule."""
+    monkeypatch.setenv(batch_axis.PER_EXAMPLE_ENV, " Bitcast ,Erfinv")
+    graph = _uneven_towers(_read_back_bitcast)
+    analysis = batch_axis.analyze(graph)
+    assert not [op for op, _ in analysis.ended if op.name.startswith("tower_")], analysis.ended
+    with graph.as_default():
+        assert not graphsync.rewrite_towers(graph).changed   # nothing to synchronize, nothing refused
+    past = _uneven_towers(lambda h: _read_back_bitcast(h - tf.reduce_mean(
+        tf.raw_ops.Bitcast(input=tf.raw_ops.Bitcast(input=h, type=tf.int32), type=tf.float32), [0, 1, 2])))
+    verdicts = {r.op: r.verdict for r in graphsync.rewrite.plan_towers(past)[0].cross_example}
+    assert verdicts.get("tower_0/model/Mean") == "synchronized", verdicts

@@ -52,6 +52,7 @@ only leaves the loop (a metric, the loop's termination) gets the verdict of wher
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import weakref
 
@@ -95,6 +96,8 @@ OptionalFromValue OptionalNone
 _ORDER = frozenset("TopKV2 TopK ArgMax ArgMin Cumsum Cumprod CumulativeLogsumexp Unique UniqueV2 UniqueWithCounts".split())
 _FUSED = frozenset({"FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3"})
 REDUCTION_TYPES, ORDER_TYPES, ELEMENTWISE = _REDUCTIONS, _ORDER, _UNARY_BINARY   # for other modules' walks
+NO_RULE = "no rule for op type"           # how an op type the table lacks ends the trace (match/unfollowed.py)
+PER_EXAMPLE_ENV = "GRAPHSYNC_PER_EXAMPLE_OPS"   # the user's own per-example op types (declared_per_example)
 _VARIABLES = frozenset({"VariableV2", "Variable", "VarHandleOp", "ReadVariableOp", "ResourceGather"})
 
 
@@ -403,8 +406,20 @@ def _apply(op, ins, batch=None):
         return _order(op, ins)
     rule = RULES.get(kind)
     if rule is None:
-        raise _End(f"no rule for op type {kind}")
+        if kind in declared_per_example():
+            carrying = [i for i, axes in enumerate(ins) if axes]
+            return _per_example(op, ins, carrying[0] if carrying else 0), None
+        raise _End(f"{NO_RULE} {kind}")
     return rule(op, ins)
+
+
+def declared_per_example() -> frozenset:
+    """The op types the user declares to keep each example apart, the batch on axis 0 of the one
+    input holding it and of the first output (`GRAPHSYNC_PER_EXAMPLE_OPS=TypeA,TypeB`): a custom
+    op, or one the table lacks, which would otherwise end the trace and, read back, be refused
+    (graphsync/match/unfollowed.py). Read from the environment so that every way in (the CLI,
+    `graphsync run`, no edit at all) takes the same declaration."""
+    return frozenset(t.strip() for t in os.environ.get(PER_EXAMPLE_ENV, "").split(",") if t.strip())
 
 
 def _local_moments(op) -> bool:

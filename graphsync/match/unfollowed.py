@@ -1,29 +1,34 @@
-"""What the batch axis's trace could not check, said rather than left silent.
+"""What the batch axis's trace could not check: refused or said, never left silent.
 
-Past an op the tracer cannot follow (`Analysis.ended`: an op type its table does not know, a
-reshape whose shape it cannot read), a tower's tensors may still hold its examples, on axes no
-one knows. A reduction there that the model reads back may then be a batch statistic training
-per tower, and neither the rule nor the check after the rewrite would see it. graphsync cannot
-tell, so it says which reductions those are (`unfollowed`): the rewrite and `graphsync run` warn
-in one line, `graphsync inspect` lists them. The op where the trace ended may itself combine
-examples (an op type the table does not know): when the model reads its value back and no
-reduction past it is said already, it is said the same way.
+Past an op the tracer cannot follow (`Analysis.ended`), a tower's tensors may still hold its
+examples, on axes no one knows. A reduction there that the model reads back may then be a batch
+statistic training per tower, and neither the rule nor the check after the rewrite would see it;
+the op where the trace ended may combine examples itself. `unfollowed` finds both, when the model
+reads their value back (a value reaching only a loss or a summary is terminal, whatever it is).
 
-Refusing instead would stop legal training whenever the table lacks an op type (an image op of
-the user's augmentation inside the towers), for reductions that most often are per example
-(a layer norm over channels). A reduction whose input the trace did follow was judged by the
-rule already and is not repeated here; one a batch-norm form covers is synchronized either way.
+What becomes of them depends on why the trace ended. An op type the table has no rule for is
+refused (`refuse`), in one line naming it and the remedy: the user knows what a custom op does,
+and declares it per example (`GRAPHSYNC_PER_EXAMPLE_OPS`, batch_axis.declared_per_example); the
+trace then goes on through it and the rule judges what follows. Where the op type is known but its
+use could not be read (a reshape whose target is computed in a way the tracer cannot read, inputs
+of unknown rank), no declaration helps and the reduction past it is most often per example (a
+layer norm over channels): the rewrite and `graphsync run` warn in one line instead. `graphsync
+inspect` lists both. A reduction whose input the trace did follow was judged by the rule already
+and is not repeated here; one a batch-norm form covers is synchronized either way.
 """
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import tensorflow as tf
 
+from graphsync.errors import GraphsyncError
 from graphsync.match import batch_axis
 from graphsync.match.hidden import is_inlined
 
 REDUCING = batch_axis.REDUCTION_TYPES | batch_axis.ORDER_TYPES
+_NO_RULE = re.compile(re.escape(batch_axis.NO_RULE) + r" (\S+)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +39,12 @@ class Unfollowed:
     type: str
     end: str
     why: str
+
+    @property
+    def unknown_type(self) -> str | None:
+        """The op type without a rule that ended the trace, if that is why it ended."""
+        found = _NO_RULE.search(self.why)
+        return found.group(1) if found else None
 
     def line(self) -> str:
         if self.op == self.end:
@@ -80,3 +91,16 @@ def _read_back(op: tf.Operation, budget: int = 400) -> bool:
         if any(o.shape.rank != 0 and o.dtype.is_floating for o in reader.outputs) and batch_axis.reads_variable(reader):
             return True
     return walked >= budget
+
+
+def refuse(found) -> None:
+    """One line naming the first op type without a rule whose value, or a reduction past it, the
+    model reads back: it may combine examples, which would train per tower."""
+    unknown = [u for u in found if u.unknown_type]
+    if unknown:
+        first, more = unknown[0], len(unknown) - 1
+        others = f" (and {more} more: graphsync inspect)" if more else ""
+        raise GraphsyncError(
+            f"{first.line()}{others}: graphsync cannot tell whether {first.unknown_type} combines examples; "
+            f"if it keeps each example apart (batch on axis 0), declare it: "
+            f"{batch_axis.PER_EXAMPLE_ENV}={first.unknown_type}; else compute it outside the towers")

@@ -39,6 +39,8 @@ def make_plan(graph: tf.Graph, towers=None, device: str | None = None, *, strate
     plan = dataclasses.replace(plan, cross_example=rows, covered=covered,
                                trace_ended=tuple((op.name, why) for op, why in analysis.ended),
                                unfollowed=_unfollowed(plan, analysis, covered, process_group))
+    if not plan.calls:
+        unfollowed.refuse(plan.unfollowed)
     layers, skipped = _in_forward_order(graph, plan.layers, plan.skipped)
     plan = dataclasses.replace(plan, layers=tuple(layers), skipped=tuple(skipped), strategy=strategy,
                                process_group=process_group, recompute=bool(recompute),

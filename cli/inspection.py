@@ -145,7 +145,7 @@ def _format_inspection(info: dict, verbose: bool) -> str:
             lines.append(f"  {r['verdict']:<12} {r['op']} ({r['type']})" + (f" [{r['tower']}]" if r["tower"] else "")
                          + f": {r['why']}")
         if len(shown) < len(rows):
-            lines.append(f"  … {len(rows) - len(shown)} synchronized with the layers above (-v lists them)")
+            lines.append(f"  … {len(rows) - len(shown)} synchronized (-v lists them, and why)")
     if info.get("unfollowed"):
         lines.append(f"not checked, past where the batch axis's trace ended ({len(info['unfollowed'])}):")
         lines.extend(f"  {u['op']} ({u['type']}): read back into the model; "

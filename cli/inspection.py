@@ -36,12 +36,14 @@ def inspect(input_path, towers, device, strategy, group_size, tags, as_json, ver
         loaded = graphsync.io.load(input_path, tags)
         n_ops = len(loaded.graph.get_operations())
         plan, inlined = graphsync.rewrite.plan_towers(loaded.graph, towers=towers, device=device, strategy=strategy,
-                                                      group_size=group_size)   # inlines in the loaded copy only
+                                                      group_size=group_size, refuse=False)   # in the loaded copy only
     info = _inspection(loaded, plan, n_ops, inlined)
     if as_json:
         click.echo(json.dumps(info, indent=2))
     else:
         click.echo(_format_inspection(info, verbose))
+    if plan.refused:   # every verdict is listed above; the status and the line are the rewrite's
+        raise shell.Failure(plan.refused)
 
 
 def _inspection(loaded, plan, n_ops: int, inlined: list) -> dict:
@@ -71,6 +73,8 @@ def _inspection(loaded, plan, n_ops: int, inlined: list) -> dict:
         grads = ("gradients present" if with_grads == n_layers else "no gradients yet" if not with_grads
                  else f"gradients present for {with_grads} of {n_layers} layers")
         summary = f"{n_layers} layer{'s' * (n_layers != 1)} × {n_towers} towers, {grads}"
+    if plan.refused:
+        summary = "a rewrite refuses this graph, for the reason below"
     return {"input": loaded.path, "format": loaded.format, "tags": list(loaded.tags),
             "ops": n_ops, "inlined": inlined,
             "towers": [{"name": t.label, "prefix": t.prefix, "device": devices.get(t.label, "")}
@@ -83,6 +87,7 @@ def _inspection(loaded, plan, n_ops: int, inlined: list) -> dict:
                               for r in plan.cross_example],
             "trace_ended": [{"op": op, "why": why} for op, why in plan.trace_ended],
             "unfollowed": [dataclasses.asdict(u) for u in plan.unfollowed],
+            "refused": plan.refused,
             "summary": summary}
 
 

@@ -71,14 +71,15 @@ def rewrite_towers(graph: tf.Graph | None = None, *, towers=None, device: str | 
 
 def plan_towers(graph: tf.Graph, *, towers=None, device: str | None = None, strategy: str = "gather",
                 group_size: int | None = None, process_group: ProcessGroup | None = None,
-                inline_calls: bool = True, recompute: bool = False) -> tuple[Plan, list[str]]:
+                inline_calls: bool = True, recompute: bool = False, refuse: bool = True) -> tuple[Plan, list[str]]:
     """How rewrite_towers' options become a plan, for the rewrite, `graphsync run` and `inspect`:
     (the plan, the names of the tf.function calls inlined). With `inline_calls` the towers' calls
     are inlined into `graph` first, after a rehearsal on a copy (graphsync/splice/inline.py);
-    without, the plan lists them (Plan.calls) and the graph is untouched."""
+    without, the plan lists them (Plan.calls) and the graph is untouched. Without `refuse`, what a
+    rewrite would refuse is kept in `Plan.refused` (graphsync inspect lists the verdicts anyway)."""
     def plan(g):
         return make_plan(g, towers, device, strategy=strategy, group_size=group_size, process_group=process_group,
-                         recompute=recompute)
+                         recompute=recompute, refuse=refuse)
     return inline.planned(graph, plan) if inline_calls else (plan(graph), [])
 
 

@@ -253,6 +253,39 @@ def test_inspect_already_rewritten(rewritten):
     assert all("already synchronized" in s["reason"] for s in info["skipped"])
 
 
+def _product_over_the_batch(path):
+    """Two towers whose activations are scaled by a product over their batch: refused."""
+    graph = tf.Graph()
+    with graph.as_default():
+        for i in range(2):
+            with tf.device(f"/cpu:{i}"), tf1.name_scope(f"tower_{i}"), \
+                    tf1.variable_scope("model", reuse=tf1.AUTO_REUSE):
+                x = tf1.placeholder(tf.float32, [None, 6, 6, 3], name="x")
+                h = tf.nn.conv2d(x, tf1.get_variable("w", [3, 3, 3, 4]), 1, "SAME")
+                h = h * tf.reduce_prod(tf.sigmoid(h), [0, 1, 2])
+                tf.reduce_sum(tf.nn.conv2d(h, tf1.get_variable("v", [3, 3, 4, 4]), 1, "SAME"), name="loss")
+        tf1.train.export_meta_graph(str(path), graph=graph)
+    return path
+
+
+def test_inspect_lists_what_a_rewrite_refuses_then_fails_with_its_line(tmp_path):
+    """The refusal's "(and 1 more: graphsync inspect)" leads here: every verdict is listed, the
+    refused ones too, then the rewrite's own line, status 1, the input untouched."""
+    source = _product_over_the_batch(tmp_path / "refused.meta")
+    before = source.read_bytes()
+    result = invoke("inspect", source)
+    rewrite = invoke("rewrite", source, "-o", tmp_path / "out.meta")
+    assert result.exit_code == rewrite.exit_code == 1 and not (tmp_path / "out.meta").exists()
+    refused = [line for line in result.stdout.splitlines() if line.startswith("  refused ")]
+    assert [line.split()[1] for line in refused] == ["tower_0/model/Prod", "tower_1/model/Prod"], result.stdout
+    assert result.stdout.splitlines()[-1] == "a rewrite refuses this graph, for the reason below"
+    one_error_line(result)
+    assert result.stderr == rewrite.stderr and "tower_0/model/Prod (Prod) computes a batch statistic " \
+        "graphsync cannot synchronize" in result.stderr and "(and 1 more: graphsync inspect)" in result.stderr
+    assert json.loads(invoke("inspect", source, "--json").stdout)["refused"] == result.stderr[len("graphsync: error: "):-1]
+    assert source.read_bytes() == before
+
+
 # --------------------------------------------------------------------------------------------
 # rewrite options
 

@@ -108,6 +108,7 @@ class Plan:
     cross_example: tuple = ()   # every op combining examples, with its verdict (plan/rule.py Verdict)
     trace_ended: tuple = ()     # (op name, why) where the batch axis's trace ended (match/batch_axis.py)
     unfollowed: tuple = ()      # reductions past those ends the model reads back (match/unfollowed.py)
+    refused: str = ""           # the line a rewrite would refuse with (make_plan(refuse=False): inspect)
     covered: dict = dataclasses.field(default_factory=dict, compare=False, hash=False)  # rule.covered_ops
 
     @property

@@ -24,23 +24,24 @@ from graphsync.towers.scopes import ROOT, Tower, conventional_families, find_tow
 
 
 def make_plan(graph: tf.Graph, towers=None, device: str | None = None, *, strategy: str = "gather",
-              group_size: int | None = None, process_group=None, recompute: bool = False) -> Plan:
-    """Everything the splice needs, validated; raises GraphsyncError and leaves the graph alone."""
+              group_size: int | None = None, process_group=None, recompute: bool = False,
+              refuse: bool = True) -> Plan:
+    """Everything the splice needs, validated; raises GraphsyncError and leaves the graph alone.
+    Without `refuse`, a batch statistic the rewrite would refuse is kept in `Plan.refused` instead,
+    so that `graphsync inspect` can list every verdict, the refused ones too."""
     candidates = match.candidates(graph)
     analysis = batch_axis.analyze(graph)
     plan = _match_and_pair(graph, towers, device, process_group, candidates, analysis)
     covered = rule.covered_ops(graph, plan.layers, candidates)
     rows, analysis = rule.verdicts(graph, plan.towers, towers is not None, covered, analysis=analysis,
                                    processes=process_group is not None)
-    if not plan.calls:   # else planned again once the calls are inlined
-        if process_group is None:   # reductions are summed over one graph's towers, not across processes
-            plan, rows, covered = _with_reductions(graph, plan, rows, analysis, covered, towers is not None)
-        rule.refuse(rows)
+    if not plan.calls and process_group is None:   # reductions are summed over one graph's towers
+        plan, rows, covered = _with_reductions(graph, plan, rows, analysis, covered, towers is not None)
     plan = dataclasses.replace(plan, cross_example=rows, covered=covered,
                                trace_ended=tuple((op.name, why) for op, why in analysis.ended),
                                unfollowed=_unfollowed(plan, analysis, covered, process_group))
-    if not plan.calls:
-        unfollowed.refuse(plan.unfollowed)
+    if not plan.calls:   # else planned again once the calls are inlined
+        plan = _refusals(plan, refuse)
     layers, skipped = _in_forward_order(graph, plan.layers, plan.skipped)
     plan = dataclasses.replace(plan, layers=tuple(layers), skipped=tuple(skipped), strategy=strategy,
                                process_group=process_group, recompute=bool(recompute),
@@ -54,6 +55,19 @@ def make_plan(graph: tf.Graph, towers=None, device: str | None = None, *, strate
             [site.op for layer in plan.layers for site in layer.sites]))
     if strategy == "allreduce":
         _check_own_devices(plan)
+    return plan
+
+
+def _refusals(plan: Plan, refuse: bool) -> Plan:
+    """Raises the first refusal: a batch statistic no layer synchronizes (plan/rule.py), then an op
+    type without a rule read back (match/unfollowed.py); without `refuse`, keeps its line instead."""
+    try:
+        rule.refuse(plan.cross_example)
+        unfollowed.refuse(plan.unfollowed)
+    except GraphsyncError as refusal:
+        if refuse:
+            raise
+        return dataclasses.replace(plan, refused=str(refusal))
     return plan
 
 

@@ -75,7 +75,7 @@ def weighted_local_moments(x: tf.Tensor, weights: tf.Tensor, layout: Layout):
     return size, mean, m2, tf.reduce_sum(weights * deviation, axes, keepdims=True, name="residual")
 
 
-def merge_moments(ops, sizes, means, spreads, residuals=None, spread: str = "m2", epsilon=None):
+def merge_moments(ops, sizes, means, spreads, residuals=None, spread: str = "m2", epsilon=None, per_statistic=None):
     """Global (n per tower, N, μ, σ² biased, σ²·N/(N−1)) from every tower's (size, m, spread), in
     float64, the spread being M2 or the Bessel-corrected variance (what the fused kernel reports).
     μ and the variances come back in the towers' dtype; n_t = size_t / (number of statistics).
@@ -89,9 +89,14 @@ def merge_moments(ops, sizes, means, spreads, residuals=None, spread: str = "m2"
     With d = Σ(x − m̂)/n the tower's true mean is m̂ + d and its M2 is Σ(x − m̂)² − n·d², corrected
     here in float64 for all towers at once: the float32 m̂ alone would put ~1e-7·|μ| per tower into
     Chan's between-tower term.
+
+    `per_statistic` (a float64 scalar tensor; default: read from the means' shape) is the number of
+    statistics each size counts; it and `epsilon` may be tensors (graphsync/exchange/gather.py
+    traces this merge once, for every layer).
     """
     f64, dtype = tf.float64, means[0].dtype
-    per_statistic = means[0].shape.num_elements() or ops.cast(tf.size(means[0]), f64)
+    if per_statistic is None:
+        per_statistic = means[0].shape.num_elements() or ops.cast(tf.size(means[0]), f64)
     counts = ops.binary("RealDiv", ops.cast(ops.stack(sizes), f64), float(per_statistic)
                         if isinstance(per_statistic, int) else per_statistic)
     n = ops.reshape(counts, [-1] + [1] * means[0].shape.rank)
@@ -119,7 +124,8 @@ def refine_moments(ops, n, m, m2, residual, epsilon=None):
     kernel's scale — the true mean is m̂ + d and the true M2 is Σ(x − m̂)² − n·d². All float64,
     broadcasting like n·m."""
     if epsilon is not None:
-        scale = ops.unary("Sqrt", ops.binary("AddV2", ops.binary("DivNoNan", m2, n), float(epsilon)))
+        epsilon = epsilon if isinstance(epsilon, tf.Tensor) else float(epsilon)
+        scale = ops.unary("Sqrt", ops.binary("AddV2", ops.binary("DivNoNan", m2, n), epsilon))
         residual = ops.binary("MulNoNan", scale, residual)
     shift = ops.binary("DivNoNan", residual, n)
     return (ops.binary("AddV2", m, shift),

@@ -48,10 +48,16 @@ def test_pristine_scope_leaves_every_caller_context():
     graph = tf.Graph()
     with graph.as_default():
         c = tf.constant(1.0)
+        d = tf.constant(2.0, name="d")
         with tf.device("/cpu:1"), tf1.name_scope("user"), tf.control_dependencies([c.op]):
             with tf_private.pristine_scope(graph, "/cpu:0", "graphsync/layer"):
                 y = tf.identity(c, name="y")
+            with tf1.colocate_with(d.op), tf_private.pristine_scope(graph, "/cpu:2", "graphsync/other"):
+                z = tf.identity(c, name="z")
+            after = tf.identity(d, name="after")   # the caller's contexts are back
     assert y.name == "graphsync/layer/y:0" and y.device == "/device:CPU:0" and not y.op.control_inputs
+    assert z.name == "graphsync/other/z:0" and z.device == "/device:CPU:2" and not z.op.colocation_groups()[0].endswith(b"@d")
+    assert after.name == "user/after:0" and after.device == "/device:CPU:1" and after.op.control_inputs == [c.op]
 
 
 def test_create_op_and_fast_ops_match_the_public_ops():

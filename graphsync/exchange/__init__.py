@@ -11,6 +11,7 @@ Both strategies offer the same two operations to the splice, per sync group of t
                     on a parameter server, for steps that use a ps (no collective: see there)
     queues.py       the queues' cross-process sum, in worker order
     views.py        statistics views, whose gradients sum the towers' at run time
+    library.py      small tf.functions the exchanges call (the gathered merge, all-reduce packing)
     collectives.py  collective all-reduces, their keys and gradient
     values.py       Synchronized (what a tower receives)
 """

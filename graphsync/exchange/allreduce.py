@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from graphsync.exchange import library
 from graphsync.exchange.collectives import CollectiveKeys, all_reduce, allreduce_keys, cross_process_group_key
 from graphsync.between_graph.process_group import ProcessGroup
 from graphsync.exchange.values import Synchronized
@@ -69,7 +70,8 @@ class AllReduce:
                     inputs.append(residual[0])
                     if layer.residual_epsilon is not None:
                         inputs.append(self.ops.constant(float(layer.residual_epsilon), tf.float64))
-                vector, n = self.ops.call(_library(_pack_moments, spread, inputs), inputs, "pack")
+                pack = library.traced(_pack_moments, (spread,), library.static_specs(inputs))
+                vector, n = self.ops.call(pack, inputs, "pack")
             channels = mean.shape.num_elements()
             vector.set_shape([1 + 2 * channels] if channels is not None else [None])
             n.set_shape([])
@@ -80,8 +82,8 @@ class AllReduce:
         for i, (site, upload, (vector, peers, g, instance), n) in enumerate(zip(sites, uploads, reduced, counts)):
             like = upload[1]
             with pristine_scope(graph, site.device, site.op.name + "_sync"), graph.control_dependencies(peers):
-                total, *moments = self.ops.call(_library(_unpack_moments, spread, [vector, like]), [vector, like],
-                                                "unpack")
+                unpack = library.traced(_unpack_moments, (spread,), library.static_specs([vector, like]))
+                total, *moments = self.ops.call(unpack, [vector, like], "unpack")
             total.set_shape([])
             for t in moments[:2]:
                 t.set_shape(like.shape)
@@ -155,21 +157,6 @@ class AllReduce:
             with pristine_scope(graph, site.device, f"{site.op.name}_sync/unpack_{tag}"):
                 out.append((finish(list(totals), i, ops) if finish is not None else list(totals), (g, instance)))
         return out
-
-
-_traced = {}   # (body, spread, input dtypes and shapes) → ConcreteFunction, traced once per process
-
-
-def _library(body, spread: str, inputs):
-    """`body(spread)` as a tf.function traced for inputs of these dtypes and static shapes (any
-    shape where unknown), in a graph of its own so that no device or scope of the caller leaks into
-    its definition. Static shapes let the body's sizes be constants: fewer ops run every step."""
-    specs = [tf.TensorSpec(t.shape if t.shape.is_fully_defined() else None, t.dtype) for t in inputs]
-    key = (body.__name__, spread, tuple((s.dtype, None if s.shape.rank is None else tuple(s.shape.as_list())) for s in specs))
-    if key not in _traced:
-        with tf.Graph().as_default():
-            _traced[key] = tf.function(body(spread), input_signature=specs, autograph=False).get_concrete_function()
-    return _traced[key]
 
 
 def _flat(ops, t, dtype):

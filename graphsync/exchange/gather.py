@@ -7,6 +7,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from graphsync import stats
+from graphsync.exchange import library
 from graphsync.exchange.values import Synchronized
 from graphsync.exchange.views import sum_view, view
 from graphsync.graph.tf_private import FastOps, pristine_scope
@@ -31,7 +32,7 @@ class Gather:
         out = [None] * len(sites)
         for g, members in enumerate(self.groups):
             with pristine_scope(graph, self.device, self._scope(layer, "forward", g)):
-                counts, total, mean, variance, bessel = stats.merge_moments(
+                counts, total, mean, variance, bessel = _merged(
                     self.ops, *zip(*[uploads[i] for i in members]), spread=spread, epsilon=layer.residual_epsilon)
                 factor = None
                 if spread == "bessel" and not layer.has_gradients:   # each tower's σ²·N/(N−1), see _view
@@ -81,3 +82,38 @@ class Gather:
             for member, i in enumerate(members):
                 out[i] = (total, dict(members=len(members), member=member))
         return out
+
+
+def _merged(ops, sizes, means, spreads, residuals=(), spread="m2", epsilon=None):
+    """stats.merge_moments as one call op (graphsync/exchange/library.py): the merge is 30-odd
+    ops per layer, a sixth of a rewrite's cost when spelled out. Its signature is the towers'
+    number, dtypes and ranks, so one trace serves every layer of a model; the number of
+    statistics per size and ε come in as float64 constants."""
+    f64 = tf.float64
+    refine = bool(residuals) and all(r is not None for r in residuals)
+    per_statistic = means[0].shape.num_elements()
+    per_statistic = ops.constant(float(per_statistic), f64) if per_statistic is not None else \
+        ops.cast(tf.size(means[0]), f64)
+    inputs = list(sizes) + list(means) + list(spreads) + (list(residuals) if refine else []) + [per_statistic]
+    with_epsilon = refine and epsilon is not None
+    if with_epsilon:
+        inputs.append(ops.constant(float(epsilon), f64))
+    merge = library.traced(_merge, (spread, len(sizes), refine, with_epsilon), library.rank_specs(inputs))
+    *counts, total, mean, variance, bessel = ops.call(merge, inputs, "merge")
+    for t in counts + [total]:
+        t.set_shape([])
+    for t in (mean, variance, bessel):
+        t.set_shape(means[0].shape)
+    return counts, total, mean, variance, bessel
+
+
+def _merge(spread, towers, refine, with_epsilon):
+    def merge(*inputs):
+        ops = FastOps(tf.compat.v1.get_default_graph())
+        sizes, means, spreads = inputs[:towers], inputs[towers:2 * towers], inputs[2 * towers:3 * towers]
+        residuals = inputs[3 * towers:4 * towers] if refine else None
+        per_statistic = inputs[(4 if refine else 3) * towers]
+        counts, *merged = stats.merge_moments(ops, sizes, means, spreads, residuals, spread,
+                                              inputs[-1] if with_epsilon else None, per_statistic)
+        return (*counts, *merged)
+    return merge

@@ -57,6 +57,9 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 
+os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")   # the CPU allocator keeps statistics only as a BFC
+                                                             # allocator (memory_delta); not the default everywhere
+
 tf = _common.import_tf()
 tf1 = tf.compat.v1
 TOWERS = 4

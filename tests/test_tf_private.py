@@ -276,3 +276,18 @@ def test_cache_branch_graphs_is_where_cond_v2_looks_for_an_imported_ifs_branches
         with tf1.Session(graph=copy, config=tf1.ConfigProto(device_count={"CPU": 2})) as sess:
             sess.run(copy.get_operation_by_name("v/Assign"))
             assert sess.run(dx) == 1.0
+
+
+def test_ops_grouped_by_type_follow_the_ops_created_since():
+    """graph/by_type.py reads only the ops created since its last grouping: it must list what a
+    fresh walk of the graph lists, in creation order."""
+    from graphsync.graph import by_type
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.constant(1.0)
+        early = by_type.ops_of_types(graph, ["Identity", "Const"])
+        y = tf.identity(x)
+        z = tf.constant(2.0)
+        later = by_type.ops_of_types(graph, ["Identity", "Const"])
+    assert early == [x.op] and later == [x.op, y.op, z.op]
+    assert later == [op for op in graph.get_operations() if op.type in ("Identity", "Const")]

@@ -102,7 +102,7 @@ def _sufficient(x, name, shift=False):
 
 
 def _weighted(x, name, weights):
-    """tf.nn.weighted_moments with per-example or per-pixel weights (keepdims=False)."""
+    """tf.nn.weighted_moments with weights per example, pixel or channel (keepdims=False)."""
     gamma, beta, mm, mv = _affine(name, x.shape[-1], x.dtype)
     axes = list(range(x.shape.rank - 1))
     mean, variance = tf.nn.weighted_moments(x, axes, weights)
@@ -120,7 +120,13 @@ def example_weights(images):
     return tf.stop_gradient(tf.sigmoid(tf.reduce_mean(images, list(range(1, images.shape.rank)), keepdims=True)))
 
 
-WEIGHTS = {"weighted-pixel": pixel_mask, "weighted-example": example_weights}
+def channel_weights(images):
+    """A pixel mask times a weight per channel (of 4): every channel's statistics weigh the towers
+    differently."""
+    return pixel_mask(images) * tf.constant([0.5, 1.0, 1.5, 2.0], images.dtype)
+
+
+WEIGHTS = {"weighted-pixel": pixel_mask, "weighted-example": example_weights, "weighted-channel": channel_weights}
 
 FORMS = {
     "sub-square": _sub_square,

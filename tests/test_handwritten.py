@@ -2,8 +2,9 @@
 step of the rewritten graph equals the single-device step on the concatenated batch — outputs,
 per-tower losses, gradients, moving averages (assign, assign_moving_average,
 ExponentialMovingAverage), updated variables — and the un-rewritten graph does not. Before and
-after the gradients, both strategies, uneven towers; tf.nn.weighted_moments with a per-pixel mask
-and per-example weights computed from the data, so they differ between towers.
+after the gradients, both strategies, uneven towers; tf.nn.weighted_moments with a per-pixel mask,
+per-example weights and weights per channel computed from the data, so they differ between towers
+(no form matches weighted moments: the rule synchronizes their sums as reductions).
 
 Tolerances as in test_moments.py: float64 1e-12 (measured ≤ 1.1e-14), float32 5e-5 (measured
 ≤ 6e-7). Un-rewritten errors are 0.1 and more.
@@ -41,7 +42,10 @@ CASES = [  # form, net, batch sizes, gradients, strategy, dtype
     ("weighted-pixel", "conv", [4, 4], "before-sum", "allreduce", tf.float32),
     ("weighted-example", "dense", [3, 5, 4], "after", "allreduce", tf.float32),
     ("weighted-example", "conv", [2, 6], "before", "gather", tf.float64),
+    ("weighted-channel", "conv", [3, 5, 4], "after", "gather", tf.float64),
+    ("weighted-channel", "conv", [4, 4], "before", "allreduce", tf.float32),
 ]
+BY_RULE = ("weighted-pixel", "weighted-example", "weighted-channel")   # no form: the rule's reductions
 
 
 def _model(form, net, **kw):
@@ -90,7 +94,10 @@ def test_step_equals_single_device_reference(form, net, batch_sizes, gradients, 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", graphsync.GraphsyncWarning)
         errors, report, _ = _errors(form, net, batch_sizes, gradients, strategy, dtype)
-    assert len(report.layers) == 2 and {l.kind for l in report.layers} == {"moments"}, str(report)
+    if form in BY_RULE:   # Σw·x, Σw and Σw·(x − μ)² of each layer, each summed over the towers
+        assert len(report.layers) >= 4 and {l.kind for l in report.layers} == {"reduction"}, str(report)
+    else:
+        assert len(report.layers) == 2 and {l.kind for l in report.layers} == {"moments"}, str(report)
     assert max(errors.values()) < TOLERANCE[dtype], errors
     unsynced, _, _ = _errors(form, net, batch_sizes, gradients, strategy, dtype, rewrite=False)
     for key in ("output", "loss", "grads", "moving"):
@@ -139,23 +146,6 @@ def test_second_rewrite_changes_nothing():
     again = graphsync.rewrite_towers(built.graph)
     assert not again.changed
     assert built.graph.as_graph_def() == before
-
-
-def test_weighted_moments_with_weights_per_channel_left_per_tower_with_a_reason():
-    graph = tf.Graph()
-    with graph.as_default():
-        for i in range(2):
-            with tf1.name_scope(f"tower_{i}/"):
-                h = tf1.placeholder(tf.float32, [None, 4, 4, 3])
-                weights = tf1.placeholder(tf.float32, [None, 4, 4, 3])
-                mean, variance = tf.nn.weighted_moments(h, [0, 1, 2], weights)
-                tf.nn.batch_normalization(h, mean, variance, None, None, 1e-3)
-    with pytest.warns(graphsync.GraphsyncWarning, match=r"^2 batch statistics in the towers stay per tower, "
-                                                        r"unsynchronized: tower_0/.*per channel"):
-        report = graphsync.rewrite_towers(graph)
-    assert not report.changed
-    reasons = [s.reason for s in report.skipped]
-    assert len(reasons) == 2 and all("per channel" in r for r in reasons), reasons
 
 
 def test_a_sum_over_the_wrong_count_is_no_mean():

@@ -6,7 +6,7 @@ the first edit; after the rewrite the same analysis runs again on the result (`c
                   sums over every tower's (graphsync/plan/reductions.py), or its value is merged across towers
     terminal      it only reaches losses, metrics, summaries, variable updates: per tower, as one expects
     ghost         a reduction over part of the batch (virtual batches): per tower by design
-    per tower     a form graphsync keeps per tower and says so (weights per channel)
+    per tower     a form graphsync keeps per tower and says so (ghost batch norm), or a statistic outside the towers
     refused       a batch statistic no form synchronizes, or a sort/top-k/arg-max over the batch read back,
                   or one in a tf.cond branch (an If, named with the op in its branch), or one read
                   back inside a loop's body (a While, named with the op in its body; under

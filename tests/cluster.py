@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -24,6 +25,38 @@ server.join()
 
 
 def free_ports(n: int) -> list[int]:
+    """n ports free now, drawn at random below the kernel's ephemeral range.
+
+    A port bound to 0 and released is an ephemeral one: until the server binds it, seconds later
+    (TensorFlow's import), any outgoing connection may take it, such as the gRPC clients of a test
+    run beside this one (.ci/run's two passes). The server then fails to start and its peers wait
+    for it forever. Below the ephemeral range only another listener can take a port, and two runs
+    drawing at random from 8,000 ports rarely meet."""
+    low = _ephemeral_low()
+    if low < 10_000:   # no room below it: ephemeral ports it is
+        return _ephemeral_ports(n)
+    draw, ports = random.Random(os.getpid() ^ time.time_ns()), []
+    while len(ports) < n:
+        port = draw.randrange(low - 8_000, low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        if port not in ports:
+            ports.append(port)
+    return ports
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768   # Linux's default; other systems' ranges start higher
+
+
+def _ephemeral_ports(n: int) -> list[int]:
     sockets = []
     try:
         for _ in range(n):

@@ -14,7 +14,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ import tensorflow as tf
 from click.testing import CliRunner
 from google.protobuf import text_format
 
+import cluster
 from cli.main import main
 
 tf1 = tf.compat.v1
@@ -49,9 +49,7 @@ def _tool(name: str) -> str:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return cluster.free_ports(1)[0]
 
 
 @contextlib.contextmanager

@@ -7,7 +7,9 @@ float64 on the concatenated batch, median over 5 seeds. Each statistic normalize
 scales the result, so that it flows back into the model (a batch statistic, not a terminal one).
 
     statistic                   path
-    tf.nn.weighted_moments      the rule (no form matches it): Σw·x, Σw, Σw·(x − μ)² summed over towers
+    tf.nn.weighted_moments      its form (graphsync/match/weighted.py; dynamic batch)
+    tf.nn.weighted_moments      the rule (a static batch: TensorFlow folds zeros_like(x), no form
+                                matches): Σw·x, Σw, Σw·(x − μ)² summed over towers
     E[(x − m)²] by hand         its form (graphsync/match/handwritten.py)
     E[(x − m)²] by hand         the rule alone (the handwritten and moments forms switched off)
     tf.nn.moments               its form
@@ -47,7 +49,7 @@ def nn_moments(x, w):
     return tf.nn.moments(x, [0, 1, 2])
 
 
-def variance(statistic, x, w, towers, forms=None):
+def variance(statistic, x, w, towers, forms=None, static=False):
     """Tower 0's variance as its readers see it (after the rewrite when towers > 1)."""
     graph = tf.Graph()
     per = len(x) // towers
@@ -55,8 +57,9 @@ def variance(statistic, x, w, towers, forms=None):
         gamma, feed, seen = None, {}, None
         for i in range(towers):
             with tf.device(f"/cpu:{i}"), tf1.name_scope(f"tower_{i}"):
-                xs = tf1.placeholder(tf.float32, [None, PIXELS, PIXELS, CHANNELS])
-                ws = tf1.placeholder(tf.float32, [None, PIXELS, PIXELS, 1])
+                batch = per if static else None
+                xs = tf1.placeholder(tf.float32, [batch, PIXELS, PIXELS, CHANNELS])
+                ws = tf1.placeholder(tf.float32, [batch, PIXELS, PIXELS, 1])
                 mean, var = statistic(xs, ws)
                 gamma = gamma if gamma is not None else tf1.get_variable("gamma", [CHANNELS],
                                                                          initializer=tf1.ones_initializer())
@@ -82,7 +85,8 @@ def main(argv=None):
     parser.add_argument("--json")
     args = parser.parse_args(argv)
     rule_only = tuple(f for f in match.FORMS if f.__name__.rsplit(".", 1)[-1] not in ("handwritten", "moments"))
-    cases = [("tf.nn.weighted_moments", "the rule", weighted, TOWERS, None),
+    cases = [("tf.nn.weighted_moments", "its form", weighted, TOWERS, None),
+             ("tf.nn.weighted_moments", "the rule (static batch)", weighted, TOWERS, None, True),
              ("tf.nn.weighted_moments", "one device", weighted, 1, None),
              ("E[(x − m)²] by hand", "its form", by_hand, TOWERS, None),
              ("E[(x − m)²] by hand", "the rule alone", by_hand, TOWERS, rule_only),
@@ -95,12 +99,12 @@ def main(argv=None):
             r = np.random.RandomState(seed)
             x = (offset + r.randn(TOWERS * PER_TOWER, PIXELS, PIXELS, CHANNELS)).astype(np.float32)
             mask = (r.rand(TOWERS * PER_TOWER, PIXELS, PIXELS, 1) > 0.3).astype(np.float32)
-            for k, (_, _, statistic, towers, forms) in enumerate(cases):
+            for k, (_, _, statistic, towers, forms, *static) in enumerate(cases):
                 w = mask if statistic is weighted else np.ones_like(mask)
                 x64, w64 = x.astype(np.float64), w.astype(np.float64)
                 mu = (w64 * x64).sum((0, 1, 2)) / w64.sum((0, 1, 2))
                 true = (w64 * (x64 - mu) ** 2).sum((0, 1, 2)) / w64.sum((0, 1, 2))
-                got = variance(statistic, x, w, towers, forms)
+                got = variance(statistic, x, w, towers, forms, *static)
                 errors[k].append(float(np.max(np.abs(got - true) / true)))
         for row, errs in zip(rows, errors):
             row[f"{offset:g}"] = _common.median(errs)

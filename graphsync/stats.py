@@ -58,12 +58,29 @@ def local_moments(x: tf.Tensor, layout: Layout):
     return size, mean, m2, tf.reduce_sum(deviation, axes, keepdims=True, name="residual")
 
 
+def weighted_local_moments(x: tf.Tensor, weights: tf.Tensor, layout: Layout):
+    """`local_moments` with frequency weights w that broadcast over x and are the same for every
+    statistic (per example or per pixel, as tf.nn.weighted_moments takes them): W = Σw (every
+    statistic's), m = Σw·x / W, M2 = Σw·(x − m)², float32 towers with residual Σw·(x − m̂). The
+    size returned is W times the number of statistics, in float64, so that the merge and the
+    exchange weigh the tower by W where they weigh others by their count. No weight: zeros."""
+    axes = list(layout.axes)
+    summed = tf.reduce_sum(weights + tf.zeros_like(x), axes, keepdims=True)
+    mean = tf.math.divide_no_nan(tf.reduce_sum(weights * x, axes, keepdims=True), summed, name="mean")
+    size = tf.cast(tf.reshape(summed, [-1])[0], tf.float64) * tf.cast(tf.size(summed), tf.float64)
+    deviation = tf.math.subtract(x, tf.stop_gradient(mean), name="deviation")
+    m2 = tf.reduce_sum(weights * tf.math.square(deviation), axes, keepdims=True, name="m2")
+    if not (REFINE_LOCAL_MOMENTS and x.dtype == tf.float32):
+        return size, mean, m2, None
+    return size, mean, m2, tf.reduce_sum(weights * deviation, axes, keepdims=True, name="residual")
+
+
 def merge_moments(ops, sizes, means, spreads, residuals=None, spread: str = "m2", epsilon=None, per_statistic=None):
     """Global (n per tower, N, μ, σ² biased, σ²·N/(N−1)) from every tower's (size, m, spread), in
     float64, the spread being M2 or the Bessel-corrected variance (what the fused kernel reports).
     μ and the variances come back in the towers' dtype; n_t = size_t / (number of statistics).
     Products with n use MulNoNan: an empty tower's NaN statistics then weigh nothing (an M2 spread
-    is weighed by sign(n): 0 for an empty tower, 1 else). `ops` is a
+    is weighed by sign(n): 0 for an empty tower, 1 else, also for weights W < 1). `ops` is a
     tf_private.FastOps (this runs once per layer, so op creation cost matters).
 
     `residuals` (float32 towers): each tower's Σ(x − m̂) (moments subgraphs, `local_moments`; no

@@ -4,7 +4,7 @@ per-tower losses, gradients, moving averages (assign, assign_moving_average,
 ExponentialMovingAverage), updated variables — and the un-rewritten graph does not. Before and
 after the gradients, both strategies, uneven towers; tf.nn.weighted_moments with a per-pixel mask,
 per-example weights and weights per channel computed from the data, so they differ between towers
-(no form matches weighted moments: the rule synchronizes their sums as reductions).
+(weights per channel: no form, the rule synchronizes their sums as reductions).
 
 Tolerances as in test_moments.py: float64 1e-12 (measured ≤ 1.1e-14), float32 5e-5 (measured
 ≤ 6e-7). Un-rewritten errors are 0.1 and more.
@@ -45,7 +45,7 @@ CASES = [  # form, net, batch sizes, gradients, strategy, dtype
     ("weighted-channel", "conv", [3, 5, 4], "after", "gather", tf.float64),
     ("weighted-channel", "conv", [4, 4], "before", "allreduce", tf.float32),
 ]
-BY_RULE = ("weighted-pixel", "weighted-example", "weighted-channel")   # no form: the rule's reductions
+BY_RULE = ("weighted-channel",)   # no form takes weights per channel: the rule's reductions
 
 
 def _model(form, net, **kw):

@@ -9,15 +9,13 @@ One module per form of batch norm; each offers `candidates(graph) -> list[Candid
     handwritten  mean and variance by hand: E[(x − m)²] or E[x²] − m²,      "moments"
                  Mean or Sum / count; sufficient_statistics without shift
     sufficient   sufficient_statistics + normalize_moments with a shift     "moments"
+    weighted     tf.nn.weighted_moments, weights per example or pixel      "moments"
+                 (per channel, or zeros_like folded: the rule's reductions)
     conditional  an If whose branches train / infer one fused batch norm    "conditional"
                  (a tensor `training` flag under control flow v2)
 
-Every "moments" candidate hands the splice parts x, variance (op), axes and keep_dims; the forms
-differ only in how they are found. Statistics no form covers (tf.nn.weighted_moments, a masked mean,
-reduce_variance, …) are found by the rule (batch_axis, graphsync/plan/rule.py) and synchronized as
-reductions; a form stays only where the rule could not make it one device's: hand-written counts
-and sufficient statistics' counts come from the tower's own shape, and a shift from its examples,
-which the rule refuses, while the form knows what they mean.
+Every "moments" candidate hands the splice parts x, variance (op), axes and keep_dims (and
+weights, for weighted moments); the forms differ only in how they are found.
 
 Helpers every form may use:
 
@@ -32,7 +30,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from graphsync.match import conditional, fused, handwritten, hidden, moments, sufficient
+from graphsync.match import conditional, fused, handwritten, hidden, moments, sufficient, weighted
 from graphsync.match.candidate import Candidate, PerTower
 from graphsync.match.fused import (FUSED_TYPES, GRAPHSYNC_GRADIENTS, fused_gradient_ops, is_live,
                                    is_training, made_by_graphsync)
@@ -41,7 +39,7 @@ from graphsync.match.gradients import (SHAPE_TYPES, entry_readers, gradient_entr
 from graphsync.match.hidden import (FUNCTION_CALL_TYPES, called_functions, functions_with_batch_moments,
                                     functions_with_batch_norm_gradient, functions_with_training_batch_norm)
 
-FORMS = (fused, moments, handwritten, sufficient, conditional)
+FORMS = (fused, moments, handwritten, sufficient, weighted, conditional)
 
 __all__ = ["Candidate", "PerTower", "FORMS", "FUNCTION_CALL_TYPES", "FUSED_TYPES", "GRAPHSYNC_GRADIENTS", "SHAPE_TYPES",
            "called_functions", "candidates", "entry_readers", "functions_with_batch_moments",

@@ -26,6 +26,7 @@ class MomentsParts:
     stop_gradient: tf.Operation | None = None   # tf.nn.moments' StopGradient of the mean
     statistics: tuple | None = None   # every op computing the statistics (hand-written forms: gradients found by them)
     variance_reads_mean: bool = False   # the variance reads the mean unstopped (its gradient flows into the mean)
+    weights: tf.Tensor | None = None    # weighted moments: the weights (graphsync/match/weighted.py)
     shift: tf.Tensor | None = None          # sufficient statistics with a shift s (graphsync/match/sufficient.py):
     shifted_mean: tf.Tensor | None = None   # E[x − s], which gradient ops read, and
     square: tf.Operation | None = None      # the Square of the shifted mean

@@ -64,7 +64,9 @@ def splice_layer(graph: tf.Graph, layer: LayerPlan, exchange, recompute: bool = 
         for site in layer.sites:
             with pristine_scope(graph, site.device, site.op.name + "_sync"), \
                     graph.control_dependencies(site.op.control_inputs):
-                uploads.append(stats.local_moments(site.parts.x, layer.layout))
+                weights = site.parts.weights
+                uploads.append(stats.local_moments(site.parts.x, layer.layout) if weights is None else
+                               stats.weighted_local_moments(site.parts.x, weights, layer.layout))
         statistics = exchange.moments(graph, layer, layer.sites, uploads)
         roots = [recomputation.moments_roots(site.parts.x, _moments_forward(graph, layer, site, s, count))
                  for site, s in zip(layer.sites, statistics)]

@@ -11,7 +11,7 @@ A write's value comes from batch statistics when, walking up from it, one reache
 
     a batch norm's statistics   the batch mean and variance outputs of a fused op in training mode,
                                 the mean and variance of every batch-norm form graphsync matches
-                                (tf.nn.moments, by hand, sufficient statistics, the
+                                (tf.nn.moments, by hand, sufficient statistics, weighted, the
                                 outputs of a conditional batch norm's If)
     a synchronized layer        any op of graphsync's aggregation (graphsync/<layer>/…) or of a
                                 tower's <layer>_sync/forward… scope

@@ -73,7 +73,8 @@ def errors_against_one_device(results, sizes):
 def two_workers(tmp_path_factory):
     sizes = [3, 5]
     synced = run_workers(tmp_path_factory.mktemp("synced"), 2, args=["--sizes", "3,5"])
-    plain = run_workers(tmp_path_factory.mktemp("plain"), 2, runner=[sys.executable], args=["--sizes", "3,5"])
+    plain = run_workers(tmp_path_factory.mktemp("plain"), 2, runner=[sys.executable],
+                        args=["--sizes", "3,5", "--alone"])
     return sizes, synced, plain
 
 

@@ -113,6 +113,9 @@ def main():
     parser.add_argument("--channels", type=int, default=4)
     parser.add_argument("--v1", action="store_true", help="build the graph with TensorFlow 1 behaviour")
     parser.add_argument("--flag", action="store_true", help="batch norms behind an is_training placeholder")
+    parser.add_argument("--alone", action="store_true",
+                        help="a session that sees only this task (plain, unsynchronized runs: a worker "
+                             "that finished and exited must not keep the other's session from starting)")
     args = parser.parse_args()
     if args.v1:
         tf1.disable_v2_behavior()
@@ -120,6 +123,8 @@ def main():
     job, index = tf_config["task"]["type"], tf_config["task"]["index"]
     config = tf1.ConfigProto(device_count={"CPU": args.towers}, inter_op_parallelism_threads=2,
                              intra_op_parallelism_threads=1)
+    if args.alone:
+        config.device_filters.append(f"/job:{job}/task:{index}")
     server = tf.distribute.Server(tf.train.ClusterSpec(tf_config["cluster"]), job_name=job, task_index=index,
                                   config=config)
     sizes = [int(s) for s in args.sizes.split(",")]

@@ -291,7 +291,7 @@ def test_between_graph_workers_behind_a_flag(tmp_path):
     sizes, args = [3, 5], ["--sizes", "3,5", "--flag"]
     (tmp_path / "synced").mkdir(), (tmp_path / "plain").mkdir()
     synced = run_workers(tmp_path / "synced", 2, args=args)
-    plain = run_workers(tmp_path / "plain", 2, runner=[sys.executable], args=args)
+    plain = run_workers(tmp_path / "plain", 2, runner=[sys.executable], args=args + ["--alone"])
     for _, _, err, _, _ in synced:
         assert "2 layers × 1 tower synchronized by all-reduce on the towers' devices across 2 worker processes " \
                "(conditional" in err, err

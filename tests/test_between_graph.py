@@ -101,6 +101,17 @@ def test_each_worker_says_which_process_it_is(two_workers):
     assert not any("graphsync" in err for _, _, err, _, _ in plain)
 
 
+def test_a_plain_worker_trains_after_its_peer_has_gone(tmp_path):
+    """The plain runs' premise: with --alone a worker's session waits for no other task, so a
+    worker that finished and exited first cannot hang the other's session start (two rehearsals
+    of .ci/run hung there 240 s). Worker 1 of 2, with worker 0 never started."""
+    results = run_workers_of(cl.cluster_spec({"worker": 2}), [1], [sys.executable], tmp_path,
+                             args=["--sizes", "3,5", "--alone"], timeout=120)
+    (_, code, err, _, out), = results
+    assert code == 0 and out is not None, err[-3000:]
+    assert out["output"].shape == (5, script.OUTPUTS)
+
+
 def test_three_uneven_workers_of_two_towers_each_equal_one_device(tmp_path):
     """3 workers × 2 towers (in-graph inside, between-graph across): 6 towers, one batch."""
     sizes = [2, 1, 4, 3, 1, 5]

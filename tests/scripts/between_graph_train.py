@@ -123,8 +123,6 @@ def main():
     job, index = tf_config["task"]["type"], tf_config["task"]["index"]
     config = tf1.ConfigProto(device_count={"CPU": args.towers}, inter_op_parallelism_threads=2,
                              intra_op_parallelism_threads=1)
-    if args.alone:
-        config.device_filters.append(f"/job:{job}/task:{index}")
     server = tf.distribute.Server(tf.train.ClusterSpec(tf_config["cluster"]), job_name=job, task_index=index,
                                   config=config)
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -134,7 +132,9 @@ def main():
     here = f"/job:{job}/task:{index}"
     devices = [f"{here}/cpu:{k}" for k in range(args.towers)]
     scopes = [""] if args.towers == 1 else [f"tower_{k}" for k in range(args.towers)]
-    got = step(server.target, None, mine, args.channels, devices, scopes,
+    # A filter in the server's default config does not reach the session: the session's own does.
+    session_config = tf1.ConfigProto(device_filters=[here]) if args.alone else None
+    got = step(server.target, session_config, mine, args.channels, devices, scopes,
                x[start:start + sum(mine)], t[start:start + sum(mine)], args.flag)
     np.savez(args.out, **got)
     print(f"{job}:{index} trained on {sum(mine)} examples", flush=True)

@@ -118,17 +118,18 @@ def env_for_children() -> dict:
     return env
 
 
-def between_graph_step(cluster: dict, batch_sizes: list, out_dir, saved: dict | None = None,
-                       timeout: float = 240) -> list:
+def between_graph_step(cluster: dict, batch_sizes: list, out_dir, saved: list | None = None,
+                       timeout: float = 240, options: dict | None = None) -> list:
     """Runs tests/between_graph_worker.py once per worker of `cluster` (one training step each, see
-    there); returns each worker's saved arrays. The workers are always stopped."""
+    there; `options`: its model, the same for every worker); returns each worker's saved arrays.
+    The workers are always stopped."""
     import numpy as np
     worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "between_graph_worker.py")
     os.makedirs(out_dir, exist_ok=True)
     procs, outs = [], [os.path.join(str(out_dir), f"worker{i}.npz") for i in range(len(cluster["worker"]))]
     try:
         for i, out in enumerate(outs):
-            payload = [cluster, i, batch_sizes, out] + ([saved[i]] if saved else [])
+            payload = [cluster, i, batch_sizes, out] + ([saved[i]] if saved else [options] if options else [])
             procs.append(subprocess.Popen([sys.executable, worker, json.dumps(payload)], env=env_for_children(),
                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
         for proc in procs:

@@ -154,7 +154,7 @@ def _sequence_model(form, sizes):
     return model
 
 
-def _model(form, sizes):
+def model_of(form, sizes):
     return (_sequence_model if form == "masked_sequence" else _image_model)(form, sizes)
 
 
@@ -175,10 +175,10 @@ def _reference(form, dtype):
     if form == "min_max_scaling":   # tower 1 repeats tower 0's examples: extrema tie across towers
         x[BATCHES[0]:2 * BATCHES[0]] = x[:BATCHES[0]]
     kw = dict(dtype=dtype, input_shape=_shape(form))
-    ref = tl.reference_step(_model(form, [sum(BATCHES)]), list(BATCHES), x, t, **kw)
+    ref = tl.reference_step(model_of(form, [sum(BATCHES)]), list(BATCHES), x, t, **kw)
     noise = 0.0   # float64: 2·u·√n bounds it (measured reorderings ≤ 1e-16), one run spared per form
     if dtype != tf.float64:
-        again = tl.reordered_reference_step(_model(form, [sum(BATCHES)]), list(BATCHES), x, t, **kw)
+        again = tl.reordered_reference_step(model_of(form, [sum(BATCHES)]), list(BATCHES), x, t, **kw)
         noise = max(tl.max_rel_error(again[k], ref[k]) for k in ("output", "loss", "grads", "variables"))
     return (x, t), ref, tl.tolerance(dtype, noise, sum(BATCHES) * int(np.prod(_shape(form)[:-1])))
 
@@ -187,7 +187,7 @@ def _errors(form, gradients, strategy, dtype, rewrite=True, batches=BATCHES):
     (x, t), ref, _ = _reference(form, dtype)
     reports = []
     fn = (lambda g: reports.append(graphsync.rewrite_towers(g, strategy=strategy))) if rewrite else None
-    built = tl.build(_model(form, batches), list(batches), gradients=gradients, rewrite=fn, dtype=dtype,
+    built = tl.build(model_of(form, batches), list(batches), gradients=gradients, rewrite=fn, dtype=dtype,
                      input_shape=_shape(form))
     got = tl.run_step(built, x, t, list(batches))
     return {k: tl.max_rel_error(got[k], ref[k]) for k in ("output", "loss", "grads", "variables")}, reports, built
@@ -241,7 +241,7 @@ def test_nested_statistics_are_spliced_inner_first():
                                                     ("min_max_scaling", "before", "allreduce")])
 def test_second_rewrite_changes_nothing(form, gradients, strategy):
     """Rewritten before its gradients, each tower reads its views, which the rule counts as merges."""
-    built = tl.build(_model(form, BATCHES), list(BATCHES), gradients=gradients, dtype=tf.float64,
+    built = tl.build(model_of(form, BATCHES), list(BATCHES), gradients=gradients, dtype=tf.float64,
                      rewrite=lambda g: graphsync.rewrite_towers(g, strategy=strategy), input_shape=IMAGE)
     before = built.graph.as_graph_def()
     assert not graphsync.rewrite_towers(built.graph, strategy=strategy).changed
@@ -262,7 +262,7 @@ def test_an_op_type_without_a_rule_read_back_is_refused_until_declared(monkeypat
     combine examples, so the rewrite is refused in one line naming the remedy, the graph left alone.
     (Declared, it trains as one device: test_step_equals_single_device_reference.)"""
     monkeypatch.delenv(batch_axis.PER_EXAMPLE_ENV)
-    built = tl.build(_model("declared_per_example", BATCHES), list(BATCHES), dtype=tf.float64, input_shape=IMAGE)
+    built = tl.build(model_of("declared_per_example", BATCHES), list(BATCHES), dtype=tf.float64, input_shape=IMAGE)
     before = built.graph.as_graph_def()
     with pytest.raises(graphsync.GraphsyncError) as refused:
         graphsync.rewrite_towers(built.graph)
@@ -305,3 +305,31 @@ def test_beside_a_recognized_batch_norm(gradients, strategy):
     errors = {k: tl.max_rel_error(got[k], ref[k]) for k in ("output", "loss", "grads", "variables")}
     tolerance = tl.tolerance(tf.float64, 0.0, sum(BATCHES) * 36)
     assert max(errors.values()) < tolerance and unsynchronized > 3 * tolerance, (errors, unsynchronized)
+
+
+@pytest.mark.parametrize("form,gradients", [("reduce_variance", "after"), ("reduce_variance", "before"),
+                                            ("min_max_scaling", "after"), ("min_max_scaling", "before")])
+def test_between_worker_processes(form, gradients, tmp_path):
+    """Two worker processes of one tower each (between-graph replication, tests/between_graph_worker.py):
+    the reductions are summed (Max/Min: merged, their ties counted) over both workers by the batch
+    norms' collectives, gradients built before and after the rewrite, against one device on the
+    concatenated batch; each worker alone on its shard is off by far more."""
+    import cluster as cl
+    sizes = [3, 5]
+    x, t = tl.data(sizes, IMAGE, (WIDTH,))
+    if form == "min_max_scaling":   # worker 1 repeats worker 0's examples: extrema tie across processes
+        x[3:6] = x[:3]
+    np.savez(tmp_path / "batch.npz", x=x, t=t)
+    got = cl.between_graph_step(cl.cluster_spec({"worker": 2}), sizes, tmp_path / "workers", options={
+        "form": form, "gradients": gradients, "data": str(tmp_path / "batch.npz")})
+    ref = tl.reference_step(model_of(form, [sum(sizes)]), sizes, x, t)
+    assert list(got[0]["kinds"]) == ["reduction", "reduction"], got[0]["kinds"]
+    errors = {"output": tl.max_rel_error(np.concatenate([g["output"] for g in got]), ref["output"]),
+              "loss": tl.max_rel_error(np.concatenate([g["loss"] for g in got]), ref["loss"]),
+              "grads": tl.max_rel_error(got[0]["grads"] + got[1]["grads"],
+                                        np.concatenate([g.ravel() for g in ref["grads"]]))}
+    alone = [tl.reference_step(model_of(form, [n]), [n], x[s:s + n], t[s:s + n]) for n, s in ((3, 0), (5, 3))]
+    apart = tl.max_rel_error(np.concatenate([a["output"] for a in alone]), ref["output"])
+    print(f"\n{form} between 2 workers, gradients {gradients}: {errors}, each worker alone {apart:.1e}")
+    assert max(errors.values()) < 2e-5, errors
+    assert apart > 1e-2, apart

@@ -230,27 +230,42 @@ def test_reshape_rules_split_and_merge(shape, perm, expect):
     assert analysis.batch[moved.ref()] == frozenset({2, 0})
 
 
-@pytest.mark.parametrize("towers_per_worker", [1, 2])
-def test_between_graph_workers_refuse_what_only_one_graph_could_sum(towers_per_worker):
-    """Between-graph replication (a process group): a reduction the rule finds would be summed over
-    one graph's towers only, never the other workers', so it is refused in one line naming it, the
-    graph left alone; the batch norm beside it alone is synchronized across processes."""
+def _worker_graph(towers_per_worker, variables_on=None):
+    """One between-graph worker's graph: a fused batch norm, then a mean-only one written by hand."""
     graph = tf.Graph()
     with graph.as_default():
         for i in range(towers_per_worker):
             scope = f"tower_{i}" if towers_per_worker > 1 else ""
-            with tf.device(f"/cpu:{i}"), tf1.name_scope(scope or None), \
+            setter = tf1.train.replica_device_setter(1, ps_device=variables_on, worker_device=f"/job:worker/task:0/cpu:{i}")
+            with tf1.device(setter if variables_on else f"/cpu:{i}"), tf1.name_scope(scope or None), \
                     tf1.variable_scope("model", reuse=tf1.AUTO_REUSE):
                 x = tf1.placeholder(tf.float32, [3, 6, 6, 3], name="x")
                 h = tf1.layers.batch_normalization(_conv(x, "c1"), training=True, fused=True, name="bn")
                 h = _conv(FORMS["mean only"](_conv(tf.nn.relu(h), "c2")), "c3")
                 tf.gradients(tf.reduce_sum(tf.square(h)), tf1.trainable_variables())
+    return graph
+
+
+@pytest.mark.parametrize("towers_per_worker", [1, 2])
+def test_between_graph_workers_sum_reductions_over_every_process(towers_per_worker):
+    """Between-graph replication (a process group): a reduction the rule finds is summed over every
+    worker's towers by the batch norms' collectives, even with one tower per worker (numbers:
+    tests/test_reductions.py, between worker processes)."""
+    graph = _worker_graph(towers_per_worker)
+    report = graphsync.rewrite_towers(graph, strategy="allreduce", process_group=graphsync.ProcessGroup(2, 0))
+    assert [l.kind for l in report.layers] == ["fused", "reduction"], str(report)
+    assert [len(l.tower_ops) for l in report.layers] == [towers_per_worker] * 2
+
+
+def test_through_a_parameter_server_a_reduction_is_refused():
+    """A step through a parameter server exchanges batch-norm moments by queues only: the
+    reduction the rule finds is refused in one line naming it, the graph left alone."""
+    graph = _worker_graph(1, variables_on="/job:ps")
     before = graph.as_graph_def(add_shapes=False).SerializeToString(deterministic=True)
-    group = graphsync.ProcessGroup(2, 0)
     with pytest.raises(graphsync.GraphsyncError, match="computes a batch statistic graphsync cannot synchronize") as err:
-        graphsync.rewrite_towers(graph, strategy="allreduce", process_group=group)
+        graphsync.rewrite_towers(graph, strategy="allreduce", process_group=graphsync.ProcessGroup(2, 0))
     message = str(err.value)
-    assert "\n" not in message and "Mean" in message and "across worker processes" in message, message
+    assert "\n" not in message and "Mean" in message and "parameter server" in message, message
     assert graph.as_graph_def(add_shapes=False).SerializeToString(deterministic=True) == before
 
 

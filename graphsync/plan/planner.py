@@ -35,8 +35,9 @@ def make_plan(graph: tf.Graph, towers=None, device: str | None = None, *, strate
     covered = rule.covered_ops(graph, plan.layers, candidates)
     rows, analysis = rule.verdicts(graph, plan.towers, towers is not None, covered, analysis=analysis,
                                    processes=process_group is not None)
-    if not plan.calls and process_group is None:   # reductions are summed over one graph's towers
-        plan, rows, covered = _with_reductions(graph, plan, rows, analysis, covered, towers is not None)
+    if not plan.calls:   # else planned again once the calls are inlined
+        plan, rows, covered = _with_reductions(graph, plan, rows, analysis, covered, towers is not None,
+                                               process_group is not None)
     plan = dataclasses.replace(plan, cross_example=rows, covered=covered,
                                trace_ended=tuple((op.name, why) for op, why in analysis.ended),
                                unfollowed=_unfollowed(plan, analysis, covered, process_group))
@@ -83,17 +84,27 @@ def _unfollowed(plan: Plan, analysis, covered: dict, process_group) -> tuple:
     return tuple(unfollowed.unfollowed(analysis, lambda op: tower_of(op.name, towers) is not None, covered))
 
 
-def _with_reductions(graph: tf.Graph, plan: Plan, rows, analysis, covered: dict, explicit: bool):
+def _with_reductions(graph: tf.Graph, plan: Plan, rows, analysis, covered: dict, explicit: bool,
+                     processes: bool):
     """The plan with a "reduction" layer for every Sum or Mean the rule refused that can be summed
-    over the towers (graphsync/plan/reductions.py), and the verdicts and covered ops with them."""
+    over the towers (graphsync/plan/reductions.py), and the verdicts and covered ops with them.
+    Between worker processes (`processes`) one tower per graph has peers too: its reductions are
+    summed over every worker's towers by the same collectives as the batch norms, unless the step
+    goes through a parameter server, whose exchange (queues) merges batch-norm moments only."""
     if not any(r.verdict == "refused" and r.type in reductions.TYPES for r in rows):
         return plan, rows, covered
-    towers = list(plan.towers) if plan.layers else \
-        [Tower(i, t.prefix) for i, t in enumerate(rule.rule_towers(analysis, plan.towers, explicit))]
-    layers, dependent = reductions.layer_plans(graph, rows, analysis, towers)
+    if processes:
+        towers = list(plan.towers) or find_towers([], [ROOT])
+    else:
+        towers = list(plan.towers) if plan.layers else \
+            [Tower(i, t.prefix) for i, t in enumerate(rule.rule_towers(analysis, plan.towers, explicit))]
+    layers, dependent = reductions.layer_plans(graph, rows, analysis, towers, processes)
+    if layers and processes and shared_tasks.shared_tasks([site.op for layer in layers for site in layer.sites]):
+        dependent.update({site.op.name: reductions.THROUGH_PS for layer in layers for site in layer.sites})
+        layers = []
     if layers:
         covered = {**covered, **{site.op: rule.REDUCTION for layer in layers for site in layer.sites}}
-        rows, _ = rule.verdicts(graph, towers, explicit, covered, analysis=analysis)
+        rows, _ = rule.verdicts(graph, towers, explicit, covered, analysis=analysis, processes=processes)
         plan = dataclasses.replace(plan, towers=tuple(towers), layers=plan.layers + tuple(layers),
                                    device=plan.device or default_device(layers[0].sites[0].op),
                                    found_by=plan.found_by or ("towers= option" if explicit

@@ -30,18 +30,21 @@ from graphsync.towers.scopes import tower_of
 TYPES = ("Sum", "Mean", "Max", "Min")
 EXTREMA = ("Max", "Min")
 _DTYPES = (tf.float32, tf.float64)
+THROUGH_PS = ("is a reduction over the batch in a step that goes through a parameter server, whose exchange "
+              "merges batch-norm moments only")
 
 
-def layer_plans(graph: tf.Graph, rows, analysis, towers) -> tuple[list[LayerPlan], dict]:
+def layer_plans(graph: tf.Graph, rows, analysis, towers, processes: bool = False) -> tuple[list[LayerPlan], dict]:
     """(One LayerPlan per reduction refused in `rows` (rule.verdicts) that every tower of `towers`
     computes alike and that can be synchronized; {op name: why} for those a value depending on the
-    tower's share of the batch meets (plan/tower_dependent.py)). The others stay refused."""
+    tower's share of the batch meets (plan/tower_dependent.py)). The others stay refused. Between
+    worker processes (`processes`) a single tower has peers: the other workers'."""
     ops = [graph.get_operation_by_name(r.op) for r in rows if r.verdict == "refused" and r.type in TYPES]
     frames = loop_frames(graph) if ops else frozenset()
     ops = [op for op in ops if synchronizable(op, analysis) and op not in frames]
     dependent = {op.name: why for op in ops if (why := tower_dependent.reason(op, analysis))}
     ops = [op for op in ops if op.name not in dependent]
-    if not ops or len(towers) < 2:
+    if not ops or (len(towers) < 2 and not processes):
         return [], dependent
     per_tower: dict = {}
     for op in ops:

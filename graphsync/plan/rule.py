@@ -106,8 +106,6 @@ def verdicts(graph: tf.Graph, towers, explicit: bool, covered: dict, analysis=No
             verdict = "refused" if where is not None and (len(in_towers) > 1 or processes) else "per tower"
             if where is None:
                 why += " (outside the towers)"
-            elif processes:
-                why += " (across worker processes only batch-norm layers are synchronized)"
         rows.append(Verdict(op.name, op.type, where and where.label, verdict, why))
     created = {op.name: tf_private.creation_order(op) for op in analysis.cross}   # the graph's op order
     return tuple(sorted(rows, key=lambda r: created.get(r.op, 0))), analysis

@@ -3,7 +3,8 @@ server, then either builds its own one-replica graph and rewrites it with a proc
 imports saved worker graphs in turn (e.g. the one `graphsync rewrite --process-group` prepared for
 its task, and the original); runs one training step on each and saves what it computed. Its own
 graph is models.resnetish, or one of tests/test_reductions.py's forms ({"form", "gradients": when the
-rewrite runs, towerlib.build's, "data": an .npz of the whole batch's x and t}, in place of `saved`)."""
+rewrite runs, towerlib.build's, "data": an .npz of the whole batch's x and t}, in place of `saved`).
+A cluster with a ps job puts the variables there (tf.compat.v1.train.replica_device_setter)."""
 import json
 import sys
 
@@ -48,18 +49,22 @@ else:
         model = test_reductions.model_of(options["form"], [batch_sizes[task]])
     else:
         model = models.resnetish(depth=2)
+    device = f"/job:worker/replica:0/task:{task}/device:CPU:0"
+    if "ps" in cluster:   # variables on the ps tasks, as tf.compat.v1.train.replica_device_setter puts them
+        device = tf.compat.v1.train.replica_device_setter(cluster=tf.train.ClusterSpec(cluster), worker_device=device)
     built = tl.build(model, [batch_sizes[task]], scope="", gradients=options.get("gradients", "after"),
-                     devices=[f"/job:worker/replica:0/task:{task}/device:CPU:0"],
+                     devices=[device],
                      rewrite=lambda g: reports.append(graphsync.rewrite_towers(
                          g, strategy="allreduce", process_group=graphsync.ProcessGroup(len(batch_sizes), task))))
     results[""] = tl.run_step(built, x[part], t[part], [batch_sizes[task]], target=server.target, config=config)
     results[""]["layers"] = len(reports[0].layers)
     results[""]["kinds"] = np.array([layer.kind for layer in reports[0].layers])
+    results[""]["strategy"] = np.array(reports[0].strategy)
 arrays = {}
 for prefix, got in results.items():
     arrays.update({prefix + "output": got["output"], prefix + "loss": got["loss"],
                    prefix + "moving": np.concatenate([m.ravel() for m in got["moving"]] or [np.zeros(0)]),
                    prefix + "grads": np.concatenate([g.ravel() for g in got["grads"]])})
     if "layers" in got:
-        arrays.update(layers=got["layers"], kinds=got["kinds"])
+        arrays.update(layers=got["layers"], kinds=got["kinds"], strategy=got["strategy"])
 np.savez(out_path, **arrays)

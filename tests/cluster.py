@@ -75,11 +75,14 @@ def cluster_spec(jobs: dict[str, int]) -> dict:
 
 
 @contextlib.contextmanager
-def servers(cluster: dict, leader: str | None = None, timeout: float = 60.0):
-    """Starts one server process per task of `cluster`; yields when all listen; kills them after."""
+def servers(cluster: dict, leader: str | None = None, timeout: float = 60.0, jobs=None):
+    """Starts one server process per task of `cluster` (of its `jobs`, all by default); yields
+    when they listen; kills them after."""
     procs = []
     try:
         for job, addresses in cluster.items():
+            if jobs is not None and job not in jobs:
+                continue
             for task in range(len(addresses)):
                 procs.append(subprocess.Popen(
                     [sys.executable, "-c", SERVER, json.dumps([cluster, job, task, leader])],
@@ -89,7 +92,7 @@ def servers(cluster: dict, leader: str | None = None, timeout: float = 60.0):
             line = proc.stdout.readline()
             if "ready" not in line or time.time() > deadline:
                 raise RuntimeError("a tf.distribute.Server did not start")
-        for address in (a for addresses in cluster.values() for a in addresses):
+        for address in (a for job, addresses in cluster.items() if jobs is None or job in jobs for a in addresses):
             _wait_listening(address, deadline)
         yield cluster
     finally:

@@ -307,29 +307,35 @@ def test_beside_a_recognized_batch_norm(gradients, strategy):
     assert max(errors.values()) < tolerance and unsynchronized > 3 * tolerance, (errors, unsynchronized)
 
 
+@pytest.mark.parametrize("through", ["collectives", "ps"])
 @pytest.mark.parametrize("form,gradients", [("reduce_variance", "after"), ("reduce_variance", "before"),
                                             ("min_max_scaling", "after"), ("min_max_scaling", "before")])
-def test_between_worker_processes(form, gradients, tmp_path):
-    """Two worker processes of one tower each (between-graph replication, tests/between_graph_worker.py):
-    the reductions are summed (Max/Min: merged, their ties counted) over both workers by the batch
-    norms' collectives, gradients built before and after the rewrite, against one device on the
-    concatenated batch; each worker alone on its shard is off by far more."""
+def test_between_worker_processes(form, gradients, through, tmp_path):
+    """Two worker processes of one tower each (between-graph replication, tests/between_graph_worker.py),
+    their variables on the workers (collectives) or on a ps task (queues on it): the reductions are
+    summed (Max/Min: merged, their ties counted) over both workers, gradients built before and
+    after the rewrite, against one device on the concatenated batch; each worker alone on its
+    shard is off by far more."""
     import cluster as cl
     sizes = [3, 5]
     x, t = tl.data(sizes, IMAGE, (WIDTH,))
     if form == "min_max_scaling":   # worker 1 repeats worker 0's examples: extrema tie across processes
         x[3:6] = x[:3]
     np.savez(tmp_path / "batch.npz", x=x, t=t)
-    got = cl.between_graph_step(cl.cluster_spec({"worker": 2}), sizes, tmp_path / "workers", options={
-        "form": form, "gradients": gradients, "data": str(tmp_path / "batch.npz")})
+    spec = cl.cluster_spec({"worker": 2, **({"ps": 1} if through == "ps" else {})})
+    with cl.servers(spec, jobs=["ps"]):
+        got = cl.between_graph_step(spec, sizes, tmp_path / "workers", options={
+            "form": form, "gradients": gradients, "data": str(tmp_path / "batch.npz")})
     ref = tl.reference_step(model_of(form, [sum(sizes)]), sizes, x, t)
     assert list(got[0]["kinds"]) == ["reduction", "reduction"], got[0]["kinds"]
+    assert str(got[0]["strategy"]) == ("ps" if through == "ps" else "allreduce"), got[0]["strategy"]
     errors = {"output": tl.max_rel_error(np.concatenate([g["output"] for g in got]), ref["output"]),
               "loss": tl.max_rel_error(np.concatenate([g["loss"] for g in got]), ref["loss"]),
               "grads": tl.max_rel_error(got[0]["grads"] + got[1]["grads"],
                                         np.concatenate([g.ravel() for g in ref["grads"]]))}
     alone = [tl.reference_step(model_of(form, [n]), [n], x[s:s + n], t[s:s + n]) for n, s in ((3, 0), (5, 3))]
     apart = tl.max_rel_error(np.concatenate([a["output"] for a in alone]), ref["output"])
-    print(f"\n{form} between 2 workers, gradients {gradients}: {errors}, each worker alone {apart:.1e}")
+    print(f"\n{form} between 2 workers through {through}, gradients {gradients}: {errors}, each worker alone "
+          f"{apart:.1e}")
     assert max(errors.values()) < 2e-5, errors
     assert apart > 1e-2, apart

@@ -257,16 +257,12 @@ def test_between_graph_workers_sum_reductions_over_every_process(towers_per_work
     assert [len(l.tower_ops) for l in report.layers] == [towers_per_worker] * 2
 
 
-def test_through_a_parameter_server_a_reduction_is_refused():
-    """A step through a parameter server exchanges batch-norm moments by queues only: the
-    reduction the rule finds is refused in one line naming it, the graph left alone."""
+def test_through_a_parameter_server_reductions_take_its_queues():
+    """A step through a parameter server exchanges by queues on it, reductions too (numbers:
+    tests/test_reductions.py, between worker processes through a ps)."""
     graph = _worker_graph(1, variables_on="/job:ps")
-    before = graph.as_graph_def(add_shapes=False).SerializeToString(deterministic=True)
-    with pytest.raises(graphsync.GraphsyncError, match="computes a batch statistic graphsync cannot synchronize") as err:
-        graphsync.rewrite_towers(graph, strategy="allreduce", process_group=graphsync.ProcessGroup(2, 0))
-    message = str(err.value)
-    assert "\n" not in message and "Mean" in message and "parameter server" in message, message
-    assert graph.as_graph_def(add_shapes=False).SerializeToString(deterministic=True) == before
+    report = graphsync.rewrite_towers(graph, strategy="allreduce", process_group=graphsync.ProcessGroup(2, 0))
+    assert report.strategy == "ps" and [l.kind for l in report.layers] == ["fused", "reduction"], str(report)
 
 
 def _tensordot_graph(shape, channels=5):

@@ -42,7 +42,8 @@ class Built:
 def build(model_fn, batch_sizes, *, scope="tower_%d", devices=None, gradients="after", rewrite=None,
           dtype=tf.float32, input_shape=(6, 6, 3), grad_divisor=None):
     """Builds towers with `model_fn(x) -> (y, update_ops)`; `rewrite(graph)` is called before or
-    after the gradients exist, per `gradients` ('after', 'before', 'before-sum')."""
+    after the gradients exist, per `gradients` ('after', 'before', 'before-sum'). `devices`: names,
+    or device functions (tf.compat.v1.train.replica_device_setter)."""
     graph = tf.Graph()
     n_towers = len(batch_sizes)
     names = list(scope) if isinstance(scope, (list, tuple)) else \
@@ -52,7 +53,7 @@ def build(model_fn, batch_sizes, *, scope="tower_%d", devices=None, gradients="a
         tf1.set_random_seed(1)
         inputs, targets, outputs, losses, updates = [], [], [], [], []
         for i in range(n_towers):
-            with tf.device(devices[i]), _scope(names[i]), \
+            with tf1.device(devices[i]), _scope(names[i]), \
                     tf1.variable_scope(tf1.get_variable_scope(), reuse=tf1.AUTO_REUSE):
                 x = tf1.placeholder(dtype, (None,) + tuple(input_shape), name="x")
                 y, update_ops = model_fn(x)
@@ -70,7 +71,7 @@ def build(model_fn, batch_sizes, *, scope="tower_%d", devices=None, gradients="a
         else:
             per_tower = []
             for i, loss in enumerate(losses):
-                with tf.device(devices[i]), _scope(names[i]):
+                with tf1.device(devices[i]), _scope(names[i]):
                     per_tower.append(tf.gradients(loss, variables))
             # identity: a consumer the rewrite can reroute (tensors held in Python cannot change)
             summed = [tf.identity(tf.add_n(list(gs))) for gs in zip(*per_tower)]

@@ -110,9 +110,8 @@ class AllReduce:
         constants to the gradients (counts)."""
         out = []
         for i, (totals, (g, instance)) in enumerate(self._sums(graph, layer, sites, values, tag)):
-            shared = sum_view(graph, sites[i], totals[0], values[i][0], members=len(self.groups[g]) * self.scale,
-                              group_key=self.group_keys[g], instance_key=instance,
-                              timeout_ms=round(self.timeout * 1000))
+            shared = sum_view(graph, sites[i], totals[0], values[i][0],
+                              **self._view_keys(g, instance, self.groups[g].index(i)))
             with pristine_scope(graph, sites[i].device, f"{sites[i].op.name}_sync/unpack_{tag}"):
                 out.append([shared] + [tf.stop_gradient(t) for t in totals[1:]])
         return out
@@ -126,8 +125,7 @@ class AllReduce:
                     graph.control_dependencies(peers):
                 total = tf.identity(vector, name="extremum")
             total.set_shape(values[i].shape)
-            out.append((total, dict(members=len(self.groups[g]) * self.scale, group_key=self.group_keys[g],
-                                    instance_key=instance, timeout_ms=round(self.timeout * 1000))))
+            out.append((total, self._view_keys(g, instance, self.groups[g].index(i))))
         return out
 
     def _sums(self, graph, layer, sites, values, tag, finish=None) -> list[tuple]:

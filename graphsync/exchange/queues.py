@@ -30,9 +30,10 @@ def queue_name(base: str, writer: int, reader: int) -> str:
 
 
 def summed(graph, contribution: tf.Tensor, base: str, ps_device: str, worker: int, workers: int,
-           device: str, scope: str) -> tf.Tensor:
+           device: str, scope: str, merge: str = "Add") -> tf.Tensor:
     """Σ over the `workers` processes of their `contribution` (this one is `worker`), on `device`
-    under `scope`; the queues named after `base` on `ps_device` (identical in every worker)."""
+    under `scope`; the queues named after `base` on `ps_device` (identical in every worker).
+    `merge` "Max" or "Min": their elementwise extremum instead."""
     dtype = contribution.dtype
     with pristine_scope(graph, ps_device, f"{scope}/queues"):
         sent = [_marked(tf.raw_ops.QueueEnqueueV2(handle=_queue(base, worker, r, dtype), components=[contribution]))
@@ -46,8 +47,11 @@ def summed(graph, contribution: tf.Tensor, base: str, ps_device: str, worker: in
         for w in range(workers):
             value = contribution if w == worker else taken[w]
             value.set_shape(contribution.shape)
-            total = value if total is None else tf.raw_ops.AddV2(x=total, y=value)
+            total = value if total is None else _MERGES[merge](x=total, y=value)
         return total
+
+
+_MERGES = {"Add": tf.raw_ops.AddV2, "Max": tf.raw_ops.Maximum, "Min": tf.raw_ops.Minimum}
 
 
 def _queue(base, writer, reader, dtype):

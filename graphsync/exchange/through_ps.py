@@ -12,7 +12,8 @@ random step id and the ps tells them apart as it does without graphsync.
 Everything else is AllReduce's: the same packed vectors (float64 [n, n·m, M2 + n·m²] forward, the
 stacked [a, b] backward), packed and unpacked by the same functions, so the statistics are the same
 numbers; the towers of a worker in one sync group first add theirs on the group's first device, in
-tower order. Layers go to the ps tasks round-robin in forward order (the same in every worker), and
+tower order. The reductions the rule finds take the same way (a `Max` or `Min` merged by its
+extremum instead of a sum, its view's gradient summed through queues as a batch norm's is). Layers go to the ps tasks round-robin in forward order (the same in every worker), and
 each queue's name holds the digest of the synchronized layers: workers that built different layers
 never share a queue. A view's gradient built after the rewrite (graphsync/exchange/views.py) sums
 the same way through queues of its own.
@@ -35,6 +36,10 @@ from graphsync.exchange.allreduce import AllReduce
 from graphsync.graph.tf_private import FastOps, pristine_scope
 
 
+_LOCAL_EXTREMA = {"Max": lambda values: tf.reduce_max(tf.stack(values), 0, name="extremum"),
+                  "Min": lambda values: tf.reduce_min(tf.stack(values), 0, name="extremum")}
+
+
 class ThroughPs(AllReduce):
     """Statistics summed across worker processes by queues on the ps tasks `ps_tasks`
     ("/job:ps/replica:0/task:0", …)."""
@@ -55,8 +60,6 @@ class ThroughPs(AllReduce):
 
     def _reduce(self, graph, layer, sites, packed, name, merge="Add"):
         """Per tower: (its group's total, no barrier, the group, the queues' base name)."""
-        if merge != "Add":   # extrema belong to reductions, which a process group never plans
-            raise GraphsyncError(f"internal: the exchange through a ps cannot merge by {merge}")
         out = [None] * len(sites)
         for g, members in enumerate(self.groups):
             base = f"{self.prefix}/{layer.name}/{name}" + (f"/group{g}" if len(self.groups) > 1 else "")
@@ -68,9 +71,10 @@ class ThroughPs(AllReduce):
             local = packed[members[0]]
             if len(members) > 1:
                 with pristine_scope(graph, first.device, scope):
-                    local = self.ops.add_n([packed[i] for i in members])
+                    local = self.ops.add_n([packed[i] for i in members]) if merge == "Add" else \
+                        _LOCAL_EXTREMA[merge]([packed[i] for i in members])
             total = queues.summed(graph, local, base, self._bases[base], self.process_group.index,
-                                  self.process_group.tasks, first.device, scope)
+                                  self.process_group.tasks, first.device, scope, merge)
             for i in members:
                 out[i] = (total, [], g, base)
         return out

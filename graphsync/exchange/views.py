@@ -49,8 +49,7 @@ def view(graph, site, s: Synchronized, upload, spread: str, factor=None, **keys)
                  type=[t.dtype.as_datatype_enum for t in inputs])),
              "_gradient_op_type": attr_value_pb2.AttrValue(s=VIEW_GRADIENT.encode()),
              "_graphsync_spread": attr_value_pb2.AttrValue(s=spread.encode())}
-    attrs.update({f"_graphsync_{name}": attr_value_pb2.AttrValue(s=value.encode()) if isinstance(value, str)
-                  else attr_value_pb2.AttrValue(i=int(value)) for name, value in keys.items()})
+    attrs.update(_key_attrs(keys))
     with pristine_scope(graph, site.device, site.op.name + "_sync"):
         view = create_op(graph, "IdentityN", inputs, attrs, "statistics")
         bessel = None if factor is None else create_op(
@@ -61,6 +60,12 @@ def view(graph, site, s: Synchronized, upload, spread: str, factor=None, **keys)
 
 
 
+def _key_attrs(keys: dict) -> dict:
+    """A view's keys as the attributes its gradient reads back: strings and ints."""
+    return {f"_graphsync_{name}": attr_value_pb2.AttrValue(s=value.encode()) if isinstance(value, str)
+            else attr_value_pb2.AttrValue(i=int(value)) for name, value in keys.items()}
+
+
 def sum_view(graph, site, total: tf.Tensor, local: tf.Tensor, **keys) -> tf.Tensor:
     """Tower `site`'s copy of a cross-tower sum `total` of the towers' `local` values, through an
     IdentityN whose gradient (`_sum_view_gradient`) hands `local` the towers' summed gradients at
@@ -68,7 +73,7 @@ def sum_view(graph, site, total: tf.Tensor, local: tf.Tensor, **keys) -> tf.Tens
     attrs = {"T": attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(
                  type=[t.dtype.as_datatype_enum for t in (total, local)])),
              "_gradient_op_type": attr_value_pb2.AttrValue(s=SUM_VIEW_GRADIENT.encode())}
-    attrs.update({f"_graphsync_{name}": attr_value_pb2.AttrValue(i=int(value)) for name, value in keys.items()})
+    attrs.update(_key_attrs(keys))
     with pristine_scope(graph, site.device, site.op.name + "_sync"):
         return create_op(graph, "IdentityN", [total, local], attrs, "sum").outputs[0]
 
@@ -90,7 +95,7 @@ def extremum_view(graph, site, extremum: tf.Tensor, x: tf.Tensor, ties: tf.Tenso
     attrs = {"T": attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(
                  type=[t.dtype.as_datatype_enum for t in inputs])),
              "_gradient_op_type": attr_value_pb2.AttrValue(s=EXTREMUM_VIEW_GRADIENT.encode())}
-    attrs.update({f"_graphsync_{name}": attr_value_pb2.AttrValue(i=int(value)) for name, value in keys.items()})
+    attrs.update(_key_attrs(keys))
     with pristine_scope(graph, site.device, site.op.name + "_sync"):
         return create_op(graph, "IdentityN", inputs, attrs, "extremum").outputs[0]
 

@@ -89,8 +89,8 @@ def _with_reductions(graph: tf.Graph, plan: Plan, rows, analysis, covered: dict,
     """The plan with a "reduction" layer for every Sum or Mean the rule refused that can be summed
     over the towers (graphsync/plan/reductions.py), and the verdicts and covered ops with them.
     Between worker processes (`processes`) one tower per graph has peers too: its reductions are
-    summed over every worker's towers by the same collectives as the batch norms, unless the step
-    goes through a parameter server, whose exchange (queues) merges batch-norm moments only."""
+    summed over every worker's towers by the same exchange as the batch norms (collectives, or
+    queues on a parameter server)."""
     if not any(r.verdict == "refused" and r.type in reductions.TYPES for r in rows):
         return plan, rows, covered
     if processes:
@@ -99,9 +99,6 @@ def _with_reductions(graph: tf.Graph, plan: Plan, rows, analysis, covered: dict,
         towers = list(plan.towers) if plan.layers else \
             [Tower(i, t.prefix) for i, t in enumerate(rule.rule_towers(analysis, plan.towers, explicit))]
     layers, dependent = reductions.layer_plans(graph, rows, analysis, towers, processes)
-    if layers and processes and shared_tasks.shared_tasks([site.op for layer in layers for site in layer.sites]):
-        dependent.update({site.op.name: reductions.THROUGH_PS for layer in layers for site in layer.sites})
-        layers = []
     if layers:
         covered = {**covered, **{site.op: rule.REDUCTION for layer in layers for site in layer.sites}}
         rows, _ = rule.verdicts(graph, towers, explicit, covered, analysis=analysis, processes=processes)

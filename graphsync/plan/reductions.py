@@ -30,8 +30,6 @@ from graphsync.towers.scopes import tower_of
 TYPES = ("Sum", "Mean", "Max", "Min")
 EXTREMA = ("Max", "Min")
 _DTYPES = (tf.float32, tf.float64)
-THROUGH_PS = ("is a reduction over the batch in a step that goes through a parameter server, whose exchange "
-              "merges batch-norm moments only")
 
 
 def layer_plans(graph: tf.Graph, rows, analysis, towers, processes: bool = False) -> tuple[list[LayerPlan], dict]:

@@ -57,12 +57,12 @@ def run_workers_of(spec, indices, runner, tmp_path, args=(), per_worker=None, ti
     return results
 
 
-def errors_against_one_device(results, sizes):
+def errors_against_one_device(results, sizes, **model):
     """Max relative errors of what the workers computed together vs one device on the whole batch."""
     for i, code, err, _, _ in results:
         assert code == 0, f"worker {i}:\n{err[-3000:]}"
     got = [r[4] for r in sorted(results, key=lambda r: r[0])]
-    ref = script.reference(sizes)
+    ref = script.reference(sizes, **model)
     return {"output": tl.max_rel_error(np.concatenate([g["output"] for g in got]), ref["output"]),
             "loss": tl.max_rel_error(np.concatenate([g["loss"] for g in got]), ref["loss"]),
             "grads": tl.max_rel_error(sum(g["grads"] for g in got), ref["grads"]),
@@ -99,6 +99,22 @@ def test_each_worker_says_which_process_it_is(two_workers):
             "graphsync: 2 layers × 1 tower synchronized by all-reduce on the towers' devices across 2 worker "
             "processes (fused; gradients rewritten)"], err
     assert not any("graphsync" in err for _, _, err, _, _ in plain)
+
+
+def test_a_batch_norm_written_by_hand_under_graphsync_run(tmp_path):
+    """The rule's reductions (a mean and tf.math.reduce_variance written by hand) summed across two
+    unchanged worker scripts under `graphsync run`, beside a fused batch norm."""
+    args = ["--sizes", "3,5", "--handwritten"]
+    (tmp_path / "synced").mkdir(), (tmp_path / "plain").mkdir()
+    synced = run_workers(tmp_path / "synced", 2, args=args)
+    assert "graphsync: 4 layers × 1 tower synchronized by all-reduce on the towers' devices across 2 worker " \
+           "processes (fused, reduction; gradients rewritten)" in synced[0][2], synced[0][2]
+    errors = errors_against_one_device(synced, [3, 5], handwritten=True)
+    plain = errors_against_one_device(run_workers(tmp_path / "plain", 2, runner=[sys.executable], args=args + ["--alone"]),
+                                      [3, 5], handwritten=True)
+    print("2 workers [3, 5], a batch norm by hand, synchronized:", errors, "plain python:", plain)
+    assert max(errors.values()) < TOLERANCE, errors
+    assert plain["output"] > 1e-2 and plain["grads"] > 1e-2, plain
 
 
 def test_a_plain_worker_trains_after_its_peer_has_gone(tmp_path):

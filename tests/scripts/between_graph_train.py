@@ -5,13 +5,16 @@ it computed saved to OUT (.npz). tests/test_between_graph.py runs it under `grap
 under plain python.
 
     TF_CONFIG='{"cluster": {"worker": [...]}, "task": {"type": "worker", "index": 1}}' \\
-        python between_graph_train.py OUT [--sizes 3,5] [--towers 1] [--channels 4] [--v1] [--flag]
+        python between_graph_train.py OUT [--sizes 3,5] [--towers 1] [--channels 4] [--v1] [--flag] [--handwritten]
 
 --v1: tf.compat.v1.disable_v2_behavior() first, as tf_cnn_benchmarks and many TF1 scripts do.
 
 --flag: the batch norms read an `is_training` placeholder (fused, so each is a tf.cond), fed False
 in an evaluation pass before the training step (its outputs and losses saved as `eval_output`,
 `eval_loss`) and True in the step itself.
+
+--handwritten: the second batch norm written by hand (tf.math.reduce_variance, a mean, γ and β), a
+batch statistic the rule finds rather than a layer.
 
 --sizes: examples per worker (per tower with --towers K: K numbers per worker, worker after worker).
 The model: conv → batch norm → relu → conv → batch norm → relu → mean → dense, squared-error loss
@@ -45,16 +48,26 @@ def data(total):
     return x, rng.randn(total, OUTPUTS).astype(np.float32)
 
 
-def model(x, channels, training=True):
+def handwritten_norm(h, name):
+    """A batch norm as some users write it: no layer, no moving statistics."""
+    with tf1.variable_scope(name):
+        gamma = tf1.get_variable("gamma", h.shape[-1:], initializer=tf1.ones_initializer())
+        beta = tf1.get_variable("beta", h.shape[-1:], initializer=tf1.zeros_initializer())
+    mean = tf.reduce_mean(h, [0, 1, 2])
+    return (h - mean) * tf.math.rsqrt(tf.math.reduce_variance(h, [0, 1, 2]) + 1e-3) * gamma + beta
+
+
+def model(x, channels, training=True, handwritten=False):
     init = tf1.glorot_uniform_initializer
     h = tf1.layers.conv2d(x, channels, 3, padding="same", use_bias=False, kernel_initializer=init(seed=1), name="conv1")
     h = tf.nn.relu(tf1.layers.batch_normalization(h, training=training, name="bn1"))
     h = tf1.layers.conv2d(h, channels, 3, padding="same", use_bias=False, kernel_initializer=init(seed=2), name="conv2")
-    h = tf.nn.relu(tf1.layers.batch_normalization(h, training=training, name="bn2"))
+    h = handwritten_norm(h, "bn2") if handwritten else tf1.layers.batch_normalization(h, training=training, name="bn2")
+    h = tf.nn.relu(h)
     return tf1.layers.dense(tf.reduce_mean(h, [1, 2]), OUTPUTS, kernel_initializer=init(seed=3), name="head")
 
 
-def build(sizes, channels, devices, scopes, training=True):
+def build(sizes, channels, devices, scopes, training=True, handwritten=False):
     """Towers of `sizes` examples (one per device and scope), shared variables, summed gradients."""
     x, t = tf1.placeholder(tf.float32, [None, *IMAGE]), tf1.placeholder(tf.float32, [None, OUTPUTS])
     training = tf1.placeholder_with_default(True, [], name="is_training") if training == "flag" else training
@@ -63,7 +76,7 @@ def build(sizes, channels, devices, scopes, training=True):
     opt = tf1.train.GradientDescentOptimizer(0.1)
     for i, (device, scope) in enumerate(zip(devices, scopes)):
         with tf.device(device), tf1.name_scope(scope or None), tf1.variable_scope("model", reuse=i > 0):
-            y = model(xs[i], channels, training)
+            y = model(xs[i], channels, training, handwritten)
             loss = 0.5 * tf.reduce_sum(tf.square(y - ts[i]))
             outputs.append(y), losses.append(loss)
             tower_grads.append(opt.compute_gradients(loss))
@@ -74,12 +87,12 @@ def build(sizes, channels, devices, scopes, training=True):
     return x, t, outputs, losses, [g for g, _ in grads], train_op, moving, training
 
 
-def step(target, config, sizes, channels, devices, scopes, x_data, t_data, flag=False):
+def step(target, config, sizes, channels, devices, scopes, x_data, t_data, flag=False, handwritten=False):
     graph = tf.Graph()
     evaluation = {}
     with graph.as_default():
         x, t, outputs, losses, grads, train_op, moving, training = build(
-            sizes, channels, devices, scopes, "flag" if flag else True)
+            sizes, channels, devices, scopes, "flag" if flag else True, handwritten)
         with tf1.Session(target, config=config) as sess:
             sess.run(tf1.global_variables_initializer())
             feed = {x: x_data, t: t_data}
@@ -95,11 +108,11 @@ def step(target, config, sizes, channels, devices, scopes, x_data, t_data, flag=
             "moving": np.concatenate([m.ravel() for m in got_moving]), **evaluation}
 
 
-def reference(sizes, channels=4):
+def reference(sizes, channels=4, handwritten=False):
     """One device on the concatenated batch; `loss` per shard of `sizes`."""
     x, t = data(sum(sizes))
     config = tf1.ConfigProto(device_count={"CPU": 1})
-    got = step("", config, [sum(sizes)], channels, ["/cpu:0"], [""], x, t)
+    got = step("", config, [sum(sizes)], channels, ["/cpu:0"], [""], x, t, handwritten=handwritten)
     per_example = 0.5 * np.square(got["output"].astype(np.float64) - t).sum(1)
     got["loss"] = np.array([part.sum() for part in np.split(per_example, np.cumsum(sizes)[:-1])])
     return got
@@ -113,6 +126,7 @@ def main():
     parser.add_argument("--channels", type=int, default=4)
     parser.add_argument("--v1", action="store_true", help="build the graph with TensorFlow 1 behaviour")
     parser.add_argument("--flag", action="store_true", help="batch norms behind an is_training placeholder")
+    parser.add_argument("--handwritten", action="store_true", help="the second batch norm written by hand")
     parser.add_argument("--alone", action="store_true",
                         help="a session that sees only this task (plain, unsynchronized runs: a worker "
                              "that finished and exited must not keep the other's session from starting)")
@@ -135,7 +149,7 @@ def main():
     # A filter in the server's default config does not reach the session: the session's own does.
     session_config = tf1.ConfigProto(device_filters=[here]) if args.alone else None
     got = step(server.target, session_config, mine, args.channels, devices, scopes,
-               x[start:start + sum(mine)], t[start:start + sum(mine)], args.flag)
+               x[start:start + sum(mine)], t[start:start + sum(mine)], args.flag, args.handwritten)
     np.savez(args.out, **got)
     print(f"{job}:{index} trained on {sum(mine)} examples", flush=True)
 

@@ -13,8 +13,9 @@ Everything else is AllReduce's: the same packed vectors (float64 [n, n·m, M2 + 
 stacked [a, b] backward), packed and unpacked by the same functions, so the statistics are the same
 numbers; the towers of a worker in one sync group first add theirs on the group's first device, in
 tower order. The reductions the rule finds take the same way (a `Max` or `Min` merged by its
-extremum instead of a sum, its view's gradient summed through queues as a batch norm's is). Layers go to the ps tasks round-robin in forward order (the same in every worker), and
-each queue's name holds the digest of the synchronized layers: workers that built different layers
+extremum instead of a sum, its view's gradient summed through queues as a batch norm's is).
+Layers go to the ps tasks round-robin in forward order (the same in every worker), and each
+queue's name holds the digest of the synchronized layers: workers that built different layers
 never share a queue. A view's gradient built after the rewrite (graphsync/exchange/views.py) sums
 the same way through queues of its own.
 

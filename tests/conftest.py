@@ -20,3 +20,22 @@ def pytest_collection_finish(session):
     if switched:
         raise pytest.UsageError(f"a test module switched off {', '.join(switched)} at import: "
                                 "switch behaviours inside tests (tests/behaviours.py)")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--full", action="store_true",
+                     help="run the full tier too (tests marked full: sweeps, matrices, repeated and random "
+                          "runs); CI runs it, the README's test command runs the fast tier")
+
+
+def pytest_collection_modifyitems(config, items):
+    """The fast tier by default: tests marked `full` are deselected (not skipped: nothing is
+    reported as a case that did not run) unless --full is given."""
+    if config.getoption("--full"):
+        return
+    fast, full = [], []
+    for item in items:
+        (full if item.get_closest_marker("full") else fast).append(item)
+    if full:
+        config.hook.pytest_deselected(items=full)
+        items[:] = fast

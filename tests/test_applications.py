@@ -26,6 +26,8 @@ import tensorflow as tf
 import tf_keras
 import whole_models
 
+pytestmark = pytest.mark.full   # application sweeps (tf_keras applications, minutes)
+
 tf1 = tf.compat.v1
 
 SMALLEST = ["DenseNet121", "InceptionV3", "MobileNetV2", "ResNet50V2"]

@@ -14,6 +14,7 @@ import tensorflow as tf
 
 import graphsync
 import models
+import tiers
 import towerlib as tl
 
 tf1 = tf.compat.v1
@@ -46,8 +47,8 @@ def _unsynced_errors(model_key, sizes):
     return _errors(model_key, sizes, None)
 
 
-@pytest.mark.parametrize("strategy,model_key,sizes", CASES,
-                         ids=[f"{s}-{m}-{'x'.join(map(str, b))}" for s, m, b in CASES])
+@pytest.mark.parametrize("strategy,model_key,sizes", tiers.cases(
+    CASES, [f"{s}-{m}-{'x'.join(map(str, b))}" for s, m, b in CASES], fast={"gather-fused-5x2", "allreduce-moments-2x6"}))
 def test_per_tower_gradients_equal_the_single_device_step(strategy, model_key, sizes):
     with warnings.catch_warnings():
         warnings.simplefilter("error", graphsync.GraphsyncWarning)
@@ -64,7 +65,7 @@ def _built(strategy, towers, depth=2):
                     rewrite=(lambda g: graphsync.rewrite_towers(g, strategy=strategy)) if strategy else None)
 
 
-@pytest.mark.parametrize("strategy", ["gather", "allreduce"])
+@pytest.mark.parametrize("strategy", ["gather", pytest.param("allreduce", marks=tiers.full)])
 def test_ops_added_per_tower_do_not_grow_with_the_towers(strategy):
     """Every tower adds the same ops (the per-layer merge is shared), so the ops added are
     a + b·towers: from 4 to 8 towers exactly twice what 2 to 4 added."""

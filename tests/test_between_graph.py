@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import cluster as cl
+import tiers
 import towerlib as tl
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts")
@@ -101,6 +102,7 @@ def test_each_worker_says_which_process_it_is(two_workers):
     assert not any("graphsync" in err for _, _, err, _, _ in plain)
 
 
+@tiers.full
 def test_a_batch_norm_written_by_hand_under_graphsync_run(tmp_path):
     """The rule's reductions (a mean and tf.math.reduce_variance written by hand) summed across two
     unchanged worker scripts under `graphsync run`, beside a fused batch norm."""
@@ -117,6 +119,7 @@ def test_a_batch_norm_written_by_hand_under_graphsync_run(tmp_path):
     assert plain["output"] > 1e-2 and plain["grads"] > 1e-2, plain
 
 
+@tiers.full
 def test_a_plain_worker_trains_after_its_peer_has_gone(tmp_path):
     """The plain runs' premise: with --alone a worker's session waits for no other task, so a
     worker that finished and exited first cannot hang the other's session start (two rehearsals
@@ -128,6 +131,7 @@ def test_a_plain_worker_trains_after_its_peer_has_gone(tmp_path):
     assert out["output"].shape == (5, script.OUTPUTS)
 
 
+@tiers.full
 def test_three_uneven_workers_of_two_towers_each_equal_one_device(tmp_path):
     """3 workers × 2 towers (in-graph inside, between-graph across): 6 towers, one batch."""
     sizes = [2, 1, 4, 3, 1, 5]
@@ -165,6 +169,7 @@ def test_a_missing_worker_is_one_line_within_the_wait():
     assert 2.0 <= failed - said < 12.0
 
 
+@tiers.full
 def test_a_worker_whose_server_runs_but_never_joins_is_one_line_after_the_wait(tmp_path):
     """Worker 1's server is up (a bare tf.distribute.Server), but nothing there runs a step."""
     spec = cl.cluster_spec({"worker": 2})
@@ -185,6 +190,7 @@ def test_a_worker_whose_server_runs_but_never_joins_is_one_line_after_the_wait(t
     assert seconds < 60
 
 
+@tiers.full
 def test_workers_with_different_layers_stop_at_the_first_meeting(tmp_path):
     results = run_workers(tmp_path, 2, runner=GRAPHSYNC_RUN + ["--peer-timeout", "60"],
                           per_worker={1: ["--channels", "6"]})
@@ -197,6 +203,7 @@ def test_workers_with_different_layers_stop_at_the_first_meeting(tmp_path):
         assert seconds < 60   # found at the meeting, not after the timeout
 
 
+@tiers.full
 def test_rewrite_process_group_prepares_a_saved_worker_graph_per_task(tmp_path):
     """A worker graph saved once (one unscoped tower, no devices), rewritten per task by
     `graphsync rewrite --process-group 2:INDEX`, imported and run by 2 worker processes."""
@@ -260,6 +267,7 @@ def test_rewrite_process_group_sets_the_collectives_timeout_and_refuses_bad_valu
         assert not os.path.exists(tmp_path / "x.meta")
 
 
+@tiers.full
 def test_saved_worker_graphs_with_different_layers_time_out_instead_of_averaging(tmp_path):
     """Without graphsync run's meeting, workers whose layers differ but whose statistics have the
     same shapes (here: exponential_avg_factor) would average silently; their collectives' group keys
@@ -286,6 +294,7 @@ def test_saved_worker_graphs_with_different_layers_time_out_instead_of_averaging
     assert time.monotonic() - started < 60
 
 
+@tiers.full
 def test_two_workers_with_recompute_train_bit_for_bit_like_without(two_workers, tmp_path):
     """`graphsync run --recompute` on the same unchanged workers: every worker's outputs, losses,
     gradients and moving statistics exactly those of `graphsync run`, and its report counts the

@@ -17,6 +17,7 @@ import tensorflow as tf
 
 import conditional_models as cm
 import graphsync
+import tiers
 import towerlib as tl
 
 tf1 = tf.compat.v1
@@ -99,8 +100,11 @@ def _errors(got, want):
 CASES = [(f, v, g, b) for f in MODELS for v in ("v2", "v1") for g, b in (("after", (3, 5)), ("before", (2, 3, 4)))]
 
 
-@pytest.mark.parametrize("flavour,version,gradients,batch_sizes", CASES,
-                         ids=[f"{f}-{v}-{g}-{'x'.join(map(str, b))}" for f, v, g, b in CASES])
+IDS = [f"{f}-{v}-{g}-{'x'.join(map(str, b))}" for f, v, g, b in CASES]
+FAST = {"layers-v1-after-3x5", "keras-layer-v2-before-2x3x4"}   # both control flows, before and after
+
+
+@pytest.mark.parametrize("flavour,version,gradients,batch_sizes", tiers.cases(CASES, IDS, FAST))
 def test_flag_true_equals_one_device_flag_false_equals_original(flavour, version, gradients, batch_sizes):
     x, t = _data(batch_sizes)
     reports = []
@@ -124,7 +128,7 @@ def test_flag_true_equals_one_device_flag_false_equals_original(flavour, version
     assert ops > 0 and n_bytes > 0   # the measurement sees the exchange when it runs
 
 
-@pytest.mark.parametrize("version", ["v2", "v1"])
+@pytest.mark.parametrize("version", [pytest.param("v2", marks=tiers.full), "v1"])
 def test_allreduce(version):
     batch_sizes = (3, 5)
     x, t = _data(batch_sizes)
@@ -171,6 +175,7 @@ def test_private_control_flow_helpers():
     assert tf_private.in_while_loop(loop[0].op) and tf_private.cond_predicate(flag.op) is None
 
 
+@tiers.full
 def test_keras_application_behind_the_learning_phase():
     """MobileNetV2 (52 batch norms) called without training= in a tower loop: each batch norm is an
     If on the learning phase. verify feeds the flag True by itself and says so; it fails before the
@@ -223,6 +228,7 @@ def test_saved_graph_inspect_rewrite_verify(tmp_path):
     assert "PASS" in verified.output and "fed is_training:0 = True" in verified.output, verified.output
 
 
+@tiers.full   # sync groups: tests/test_distributed.py's fast cases
 @pytest.mark.parametrize("version,strategy", [("v2", "gather"), ("v1", "allreduce")])
 def test_sync_groups_each_equal_their_own_reference(version, strategy):
     """4 towers in groups of 2, flag True: each group is its own single-device run on its own
@@ -251,7 +257,7 @@ def test_sync_groups_each_equal_their_own_reference(version, strategy):
     assert max(evaluation.values()) == 0.0, evaluation
 
 
-@pytest.mark.parametrize("version", ["v2", "v1"])
+@pytest.mark.parametrize("version", [pytest.param("v2", marks=tiers.full), "v1"])
 def test_sync_batch_norm_hook_on_a_monitored_training_session(version):
     """SyncBatchNormHook rewrites the graph when MonitoredTrainingSession begins: an evaluation
     step (is_training fed False) computes what the original computes, a training step (True)
@@ -283,6 +289,7 @@ def test_sync_batch_norm_hook_on_a_monitored_training_session(version):
     assert tl.max_rel_error(evaluation, want) == 0.0
 
 
+@tiers.full
 def test_between_graph_workers_behind_a_flag(tmp_path):
     """2 worker processes of tests/scripts/between_graph_train.py --flag under `graphsync run`: the
     training step (is_training True) of both together equals one device on the concatenated batch,
@@ -306,7 +313,7 @@ def test_between_graph_workers_behind_a_flag(tmp_path):
 
 
 @pytest.mark.parametrize("version", ["v2", "v1"])
-@pytest.mark.parametrize("gradients", ["after", "before"])
+@pytest.mark.parametrize("gradients", ["after", pytest.param("before", marks=tiers.full)])
 def test_recompute_behind_a_flag_is_bit_for_bit_and_one_device(version, gradients):
     """recompute=True behind a tensor flag: no gradient op reads the activations after the flag's
     Merge any more; with the flag True several steps give every variable exactly as without

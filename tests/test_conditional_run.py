@@ -9,6 +9,8 @@ import sys
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.full   # graphsync run behind a flag: test_conditional.py and test_run.py
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "tests", "scripts", "train_flag.py")
 SYNCED, UNSYNCED = 1e-4, 1e-2

@@ -10,6 +10,7 @@ import tensorflow as tf
 import cluster as cl
 import graphsync
 import models
+import tiers
 import towerlib as tl
 
 tf1 = tf.compat.v1
@@ -28,6 +29,7 @@ def _compare(model, batch_sizes, rewrite, *, devices=None, target="", dtype=tf.f
     return errors[True], errors[False]
 
 
+@tiers.full
 def test_in_graph_replication_across_server_processes():
     spec = cl.cluster_spec({"worker": 2, "ps": 1})
     devices = ["/job:worker/task:0/cpu:0",                       # legacy
@@ -59,8 +61,8 @@ ALLREDUCE_CASES = [("fused", models.resnetish(depth=3), tf.float32, "after"),
                    ("mixed", models.mixed(), tf.float32, "before-sum")]
 
 
-@pytest.mark.parametrize("name,model,dtype,gradients", ALLREDUCE_CASES,
-                         ids=[f"{n}-{g}" for n, _, _, g in ALLREDUCE_CASES])
+@pytest.mark.parametrize("name,model,dtype,gradients", tiers.cases(
+    ALLREDUCE_CASES, [f"{n}-{g}" for n, _, _, g in ALLREDUCE_CASES], fast={"fused-after", "mixed-before-sum"}))
 def test_allreduce_matches_the_reference(name, model, dtype, gradients):
     def rewrite(graph):
         report = graphsync.rewrite_towers(graph, strategy="allreduce")
@@ -123,6 +125,7 @@ def test_sync_groups_each_equal_their_own_reference(strategy):
     assert tl.max_rel_error(got["output"], whole["output"]) > 1e-3  # groups really are separate
 
 
+@tiers.full   # two workers: tests/test_between_graph.py
 def test_between_graph_replication_with_cross_process_collectives(tmp_path):
     sizes = [3, 5]
     got = cl.between_graph_step(cl.cluster_spec({"worker": 2}), sizes, tmp_path)

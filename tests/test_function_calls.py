@@ -18,6 +18,7 @@ import tensorflow as tf
 
 import conditional_models as cm
 import graphsync
+import tiers
 import towerlib as tl
 from test_conditional import exchange_traffic
 
@@ -82,8 +83,11 @@ CASES = [("flag", False, "after", "gather"), ("flag", False, "before", "allreduc
          ("python", True, "after", "gather")]
 
 
-@pytest.mark.parametrize("training,nested,gradients,strategy", CASES,
-                         ids=[f"{t}-{'nested' if n else 'call'}-{g}-{s}" for t, n, g, s in CASES])
+IDS = [f"{t}-{'nested' if n else 'call'}-{g}-{s}" for t, n, g, s in CASES]
+FAST = {"flag-nested-before-gather", "python-call-after-allreduce"}
+
+
+@pytest.mark.parametrize("training,nested,gradients,strategy", tiers.cases(CASES, IDS, FAST))
 def test_batch_norm_in_a_tf_function_equals_one_device(training, nested, gradients, strategy):
     make = _block(training, nested)
     reports = []
@@ -107,6 +111,7 @@ def test_batch_norm_in_a_tf_function_equals_one_device(training, nested, gradien
         assert max(evaluation.values()) == 0.0, evaluation
 
 
+@tiers.full
 def test_three_uneven_towers_and_an_evaluation_step_that_exchanges_nothing():
     sizes = (2, 3, 4)
     make = _block("flag", False)
@@ -121,7 +126,7 @@ def test_three_uneven_towers_and_an_evaluation_step_that_exchanges_nothing():
     assert ops > 0 and n_bytes > 0
 
 
-@pytest.mark.parametrize("gradients", ["after", "before"])
+@pytest.mark.parametrize("gradients", [pytest.param("after", marks=tiers.full), "before"])
 def test_keras_layers_in_one_tf_function_every_tower_calls(gradients):
     """tf_keras batch norms called with training=is_training inside one tf.function (the model the
     refusal used to name). Keras updates the moving averages inside every tower's call, so they are
@@ -239,6 +244,7 @@ def test_saved_graph_inspect_rewrite_verify(tmp_path):
     assert verified.exit_code == 0 and "PASS" in verified.output, verified.output
 
 
+@tiers.full
 def test_graphsync_run_on_an_unchanged_script_whose_towers_call_a_tf_function(tmp_path):
     """tests/scripts/train_function.py (MonitoredTrainingSession, towers 3 + 5 calling one
     tf.function with the is_training placeholder, gradients built before the session) under

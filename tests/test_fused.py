@@ -18,6 +18,7 @@ import tensorflow as tf
 
 import graphsync
 import models
+import tiers
 import towerlib as tl
 
 UNSYNCED_MIN_ERROR = 1e-3
@@ -97,8 +98,13 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("model_key,batch_sizes,gradients,dtype", CASES,
-                         ids=[f"{m}-{'x'.join(map(str, b))}-{g}-{d.name}" for m, b, g, d in CASES])
+IDS = [f"{m}-{'x'.join(map(str, b))}-{g}-{d.name}" for m, b, g, d in CASES]
+FAST = {"raw-v3-3x5x8-after-float32", "raw-v3-5x2-before-float32", "layers-4x4-before-sum-float32",
+        "keras-3x5-after-float32", "raw-nchw-bn-3x5x4-after-float32"}
+KERNELS = {i for i in IDS if "nchw" in i or "float16" in i}   # oneDNN's channels-first and half kernels
+
+
+@pytest.mark.parametrize("model_key,batch_sizes,gradients,dtype", tiers.cases(CASES, IDS, FAST, KERNELS))
 def test_step_equals_single_device_reference(model_key, batch_sizes, gradients, dtype):
     skip_without_kernels(model_key)
     model = MODELS[model_key]
@@ -125,6 +131,7 @@ def test_one_tower_changes_nothing():
     assert built.graph.as_graph_def() == before
 
 
+@tiers.full
 def test_more_than_fifty_layers_per_tower():
     """Float32 rounding grows with depth: at 52 layers the worst gradient (a small beta) is off by
     1.6e-4 relative, the median by 1e-5 (measured); per-tower statistics are off by 30."""

@@ -18,6 +18,7 @@ import tensorflow as tf
 
 import graphsync
 import handwritten_models as hm
+import tiers
 import towerlib as tl
 
 tf1 = tf.compat.v1
@@ -88,8 +89,13 @@ def _errors(form, net, batch_sizes, gradients, strategy, dtype, rewrite=True, la
     return {k: tl.max_rel_error(got[k], ref[k]) for k in ref}, (reports[0] if reports else None), built
 
 
-@pytest.mark.parametrize("form,net,batch_sizes,gradients,strategy,dtype", CASES,
-                         ids=[f"{f}-{n}-{'x'.join(map(str, b))}-{g}-{s}-{d.name}" for f, n, b, g, s, d in CASES])
+IDS = [f"{f}-{n}-{'x'.join(map(str, b))}-{g}-{s}-{d.name}" for f, n, b, g, s, d in CASES]
+FAST = {"sub-square-conv-4x4-before-allreduce-float64", "second-moment-conv-5x3-before-gather-float32",
+        "sufficient-conv-3x5x4-after-gather-float64", "weighted-pixel-conv-4x4-before-sum-allreduce-float32",
+        "weighted-channel-conv-3x5x4-after-gather-float64"}
+
+
+@pytest.mark.parametrize("form,net,batch_sizes,gradients,strategy,dtype", tiers.cases(CASES, IDS, FAST))
 def test_step_equals_single_device_reference(form, net, batch_sizes, gradients, strategy, dtype):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", graphsync.GraphsyncWarning)

@@ -19,6 +19,7 @@ import pytest
 import tensorflow as tf
 
 import graphsync
+import tiers
 import towerlib as tl
 from conditional_models import control_flow
 from graphsync.match import batch_axis
@@ -101,7 +102,8 @@ CASES = [("scan", "v2", "before"), ("scan", "v2", "after"), ("scan", "v1", "befo
          ("SimpleRNN", "v1", "before"), ("LSTM", "v2", "before"), ("LSTM", "v2", "after")]
 
 
-@pytest.mark.parametrize("form,version,gradients", CASES)
+@pytest.mark.parametrize("form,version,gradients", tiers.cases(
+    CASES, ["-".join(c) for c in CASES], fast={"scan-v2-after", "scan-v1-before"}))
 def test_masked_normalization_after_a_recurrence_equals_one_device(form, version, gradients):
     with warnings.catch_warnings():
         warnings.simplefilter("error", graphsync.GraphsyncWarning)   # nothing left per tower

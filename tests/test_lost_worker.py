@@ -20,6 +20,7 @@ import pytest
 
 import cluster as cl
 from test_between_graph import GRAPHSYNC_RUN, tf_config
+import tiers
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "between_graph_steps.py")
 HEARTBEAT = 3.0
@@ -163,6 +164,7 @@ def run_faulty_group(fault_name, tmp, checkpoints, path="graphsync run"):
 
 
 @pytest.mark.parametrize("fault_name", ["exit", "sigstop"])
+@tiers.full
 def test_a_lost_worker_stops_every_survivor_and_all_resume_exactly(tmp_path, uninterrupted, fault_name):
     checkpoints = tmp_path / "checkpoints"
     faulty, started = run_faulty_group(fault_name, tmp_path / "faulty", checkpoints)
@@ -178,7 +180,8 @@ def test_a_lost_worker_stops_every_survivor_and_all_resume_exactly(tmp_path, uni
     assert max(errors) == 0.0, errors
 
 
-@pytest.mark.parametrize("fault_name,path", [("exit", "library"), ("sigstop", "library, cluster=server")])
+@pytest.mark.parametrize("fault_name,path", [("exit", "library"),
+                                                pytest.param("sigstop", "library, cluster=server", marks=tiers.full)])
 def test_rewrite_towers_with_a_heartbeat_stops_every_survivor_of_a_lost_worker(tmp_path, fault_name, path):
     """The library path: a script of one's own, ProcessGroup(3, i, heartbeat=3), the workers'
     addresses from TF_CONFIG or from the script's server; the same stop and the same line."""
@@ -187,6 +190,7 @@ def test_rewrite_towers_with_a_heartbeat_stops_every_survivor_of_a_lost_worker(t
 
 
 @pytest.mark.parametrize("path", ["graphsync run", "library"])
+@tiers.full
 def test_a_worker_pausing_for_several_intervals_is_waited_for(tmp_path, uninterrupted, path):
     """Worker 1 sleeps 4 heartbeat intervals between steps 2 and 3, its server up: the others wait
     in step 3's collectives, and the run ends as if nothing happened (the library path's too: it
@@ -205,6 +209,7 @@ def test_a_worker_pausing_for_several_intervals_is_waited_for(tmp_path, uninterr
 
 
 @pytest.mark.parametrize("path,paused", [("graphsync run", 45), ("library", 20)])
+@tiers.full
 def test_a_worker_restarted_alone_into_a_running_group_never_joins_it(tmp_path, path, paused):
     """Worker 2 exits after step 2 and is restarted at once, from its checkpoint, while workers 0
     and 1 pause before step 3: they refuse step 3 (worker 2 was lost), and the newcomer is refused
@@ -237,6 +242,7 @@ def test_a_worker_restarted_alone_into_a_running_group_never_joins_it(tmp_path, 
                     "every worker to resume from its last checkpoint"), last
 
 
+@tiers.full
 def test_the_heartbeat_finds_a_frozen_server_within_its_interval_and_spares_a_live_one():
     """graphsync.between_graph.heartbeat.PeerWatch in this process against two real servers: one is frozen with
     SIGSTOP, and is lost within the interval (plus a poll); the other, idle, never is."""

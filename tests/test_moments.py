@@ -12,6 +12,7 @@ import tensorflow as tf
 
 import graphsync
 import models
+import tiers
 import towerlib as tl
 
 tf1 = tf.compat.v1
@@ -58,8 +59,11 @@ def _errors(model_key, batch_sizes, gradients, dtype, rewrite=True):
     return {k: tl.max_rel_error(got[k], ref[k]) for k in ref}, (reports[0] if reports else None), built
 
 
-@pytest.mark.parametrize("model_key,batch_sizes,gradients,dtype", CASES,
-                         ids=[f"{m}-{'x'.join(map(str, b))}-{g}-{d.name}" for m, b, g, d in CASES])
+IDS = [f"{m}-{'x'.join(map(str, b))}-{g}-{d.name}" for m, b, g, d in CASES]
+FAST = {"seed-3x5-after-float32", "mixed-4x4-before-sum-float32", "keras-dense-3x5-after-float32"}
+
+
+@pytest.mark.parametrize("model_key,batch_sizes,gradients,dtype", tiers.cases(CASES, IDS, FAST))
 def test_step_equals_single_device_reference(model_key, batch_sizes, gradients, dtype):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", graphsync.GraphsyncWarning)

@@ -14,6 +14,8 @@ import tensorflow as tf
 
 import graphsync
 
+pytestmark = pytest.mark.full   # the odd-graph corpus
+
 tf1 = tf.compat.v1
 
 INPUTS = {   # name: placeholder shape

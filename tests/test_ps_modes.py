@@ -31,6 +31,7 @@ import tensorflow as tf
 import behaviours
 import cluster as cl
 import graphsync
+import tiers
 import towerlib as tl
 from graphsync.graph import tf_private
 
@@ -96,6 +97,7 @@ def errors_against_one_device(results, sizes=SIZES):
     return errors
 
 
+@tiers.full
 def test_collective_all_reduce_workers_equal_one_device(tmp_path):
     results = run_job(tmp_path / "synced", "collective_all_reduce", GRAPHSYNC_RUN)
     for i, (_, _, err, _) in enumerate(results):
@@ -127,7 +129,7 @@ def assert_synchronized(results, ps_tasks=("/job:ps/replica:0/task:0",), sizes=S
     return errors
 
 
-@pytest.mark.parametrize("mode", ["parameter_server", "distributed_replicated"])
+@pytest.mark.parametrize("mode", ["parameter_server", pytest.param("distributed_replicated", marks=tiers.full)])
 def test_parameter_server_modes_equal_one_device(tmp_path, mode):
     """Moving statistics included: on the ps (parameter_server) worker 0 alone updates them, the
     others' updates taken out of their steps (before, 2 workers moved them twice a step: 1.8e-1
@@ -142,6 +144,7 @@ def test_parameter_server_modes_equal_one_device(tmp_path, mode):
     assert min(e["stats"] for e in unsynced) > 1e-2, unsynced
 
 
+@tiers.full
 def test_repeated_parameter_server_runs_never_abort(tmp_path):
     """With collectives the ps aborted a step at a moment that depends on timing: 1 ps + 3 workers,
     run again (GRAPHSYNC_PS_REPEATS=10 for the issue's ten runs)."""
@@ -152,6 +155,7 @@ def test_repeated_parameter_server_runs_never_abort(tmp_path):
         print(f"run {run + 1}, 3 workers {sizes}:", errors)
 
 
+@tiers.full
 def test_two_ps_tasks_hold_the_queues_in_turn(tmp_path):
     """replica_device_setter spreads the variables over both ps tasks; the layers' queues go to them
     round-robin (bn1 on task 0, bn2 on task 1)."""
@@ -159,6 +163,7 @@ def test_two_ps_tasks_hold_the_queues_in_turn(tmp_path):
     print("2 ps tasks:", assert_synchronized(run_job(tmp_path, "parameter_server", GRAPHSYNC_RUN, ps=2), tasks))
 
 
+@tiers.full
 def test_a_worker_killed_mid_training_stops_the_other_naming_it(tmp_path):
     """Worker 1 killed once both trained a few steps: worker 0, blocked on a ps queue or about to
     be, ends with status 1 within 30 s, its last line naming worker:1 (the heartbeat, as for
@@ -363,6 +368,7 @@ def _flagged_reference(x, t):
 
 @pytest.mark.parametrize("gradients", ["before", "after"])
 @pytest.mark.parametrize("behaviour", ["v1", "v2"])
+@tiers.full
 def test_three_workers_agree_bit_for_bit_and_a_false_flag_skips_the_ps(behaviour, gradients):
     """3 workers of one process (sessions on 3 worker servers and 1 ps server), a batch norm behind
     a tensor training flag. Training: every worker's output and gradients equal one device's, and

@@ -43,6 +43,7 @@ import threading
 import time
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import behaviours
@@ -53,6 +54,8 @@ SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts")
 SCRIPT = os.path.join(SCRIPTS, "ps_monitored.py")
 sys.path.insert(0, SCRIPTS)
 import ps_monitored  # noqa: E402
+
+pytestmark = pytest.mark.full   # restarts from checkpoints: tests/test_lost_worker.py's fast case
 
 SIZES, STEPS, FREEZE_AFTER = [3, 5, 2], 4, 2
 HEARTBEAT = 3

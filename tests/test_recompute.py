@@ -16,6 +16,7 @@ import tensorflow as tf
 import graphsync
 from graphsync.splice import recompute as recomputation
 import models
+import tiers
 import towerlib as tl
 
 tf1 = tf.compat.v1
@@ -56,9 +57,9 @@ def _gradient_readers(tensors):
 
 @pytest.mark.parametrize("model_key,strategy,batch_sizes", [
     ("raw-fused", "gather", [3, 5]),
-    ("layers-fused", "allreduce", [4, 4]),
-    ("moments", "gather", [3, 5]),
-    ("keras", "allreduce", [2, 3, 3]),
+    pytest.param("layers-fused", "allreduce", [4, 4], marks=tiers.full),
+    pytest.param("moments", "gather", [3, 5], marks=tiers.full),
+    pytest.param("keras", "allreduce", [2, 3, 3], marks=tiers.full),
 ])
 def test_recomputed_step_is_bit_for_bit_and_one_device(model_key, strategy, batch_sizes):
     model = MODELS[model_key]
@@ -105,8 +106,9 @@ def test_copies_survive_grappler_and_run():
     assert copies and copies <= ran, sorted(copies - ran)
 
 
-@pytest.mark.parametrize("model_key,strategy", [("raw-fused", "gather"), ("moments", "allreduce"),
-                                                ("keras", "gather")])
+@pytest.mark.parametrize("model_key,strategy", [("raw-fused", "gather"),
+                                                pytest.param("moments", "allreduce", marks=tiers.full),
+                                                pytest.param("keras", "gather", marks=tiers.full)])
 def test_gradients_built_after_the_rewrite_read_copies_too(model_key, strategy):
     """recompute=True before the gradients exist: the gradient functions graphsync registered move
     the backward's readers onto copies when tf.gradients builds them; the step is bit for bit the
@@ -165,6 +167,7 @@ def test_graphsync_rewrite_recompute_writes_a_graph_that_keeps_its_copies(tmp_pa
     assert len(copies) >= report["recomputed"] and all(op.control_inputs for op in copies)
 
 
+@tiers.full
 def test_graphsync_run_recompute_trains_bit_for_bit_like_without():
     """`graphsync run --recompute` on an unchanged script: the same variables, bit for bit, as
     `graphsync run`, and the report counts the recomputed tensors."""

@@ -19,6 +19,7 @@ import pytest
 import tensorflow as tf
 
 import graphsync
+import tiers
 import towerlib as tl
 from graphsync.match import batch_axis
 
@@ -204,8 +205,12 @@ def _unsynchronized(form, dtype):
     return _errors(form, "after", "gather", dtype, rewrite=False)[0]
 
 
-@pytest.mark.parametrize("form,gradients,strategy,dtype", [(f, *c) for f, c in itertools.product(FORMS, CASES)],
-                         ids=[f"{f}-{g}-{s}-{d.name}" for f, (g, s, d) in itertools.product(FORMS, CASES)])
+STEP_CASES = [(f, *c) for f, c in itertools.product(FORMS, CASES)]
+STEP_IDS = [f"{f}-{g}-{s}-{d.name}" for f, g, s, d in STEP_CASES]
+FAST = {STEP_IDS[i * len(CASES) + i % len(CASES)] for i in range(len(FORMS))}   # every form once, cases in turn
+
+
+@pytest.mark.parametrize("form,gradients,strategy,dtype", tiers.cases(STEP_CASES, STEP_IDS, FAST))
 def test_step_equals_single_device_reference(form, gradients, strategy, dtype):
     with warnings.catch_warnings():
         warnings.simplefilter("error", graphsync.GraphsyncWarning)   # nothing left per tower
@@ -307,6 +312,7 @@ def test_beside_a_recognized_batch_norm(gradients, strategy):
     assert max(errors.values()) < tolerance and unsynchronized > 3 * tolerance, (errors, unsynchronized)
 
 
+@tiers.full   # two worker processes: tests/test_between_graph.py's fast case
 @pytest.mark.parametrize("through", ["collectives", "ps"])
 @pytest.mark.parametrize("form,gradients", [("reduce_variance", "after"), ("reduce_variance", "before"),
                                             ("min_max_scaling", "after"), ("min_max_scaling", "before")])

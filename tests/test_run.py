@@ -4,7 +4,7 @@ tf_slim's learning.train, tensorpack's multi-GPU trainers and a tf_keras applica
 tower — and the same scripts under plain python do not; the script sees what python would give
 it; graphs are rewritten once, only when they have towers; failures are one line.
 
-The TensorFlow subprocesses start together in one module fixture (each costs seconds to import
+The TensorFlow subprocesses start together in a module fixture (the frameworks' in a second, the full tier's) (each costs seconds to import
 TensorFlow); the one-device references run in this process, except tensorpack's (its
 SimpleTrainer) and the tf_keras application's, which the scripts themselves train under python.
 """
@@ -24,6 +24,7 @@ from click.testing import CliRunner
 import graphsync
 from cli.main import main
 from fixture_paths import ROOT
+import tiers
 from towerlib import max_rel_error
 
 tf1 = tf.compat.v1
@@ -62,16 +63,33 @@ def _graphsync_lines(stderr: str) -> list:
     return [line for line in stderr.splitlines() if line.startswith("graphsync:")]
 
 
+def _run_all(tmp, commands):
+    """Runs `commands` (name: arguments) at once; name → CompletedProcess, each checked."""
+    started = {name: _start(args) for name, args in commands.items()}
+    done = {name: _finish(process) for name, process in started.items()}
+    for name, result in done.items():
+        assert result.returncode == 0, f"{name}:\n{result.stderr[-3000:]}"
+    return tmp, done
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Every TensorFlow subprocess of this file, started at once."""
+    """The session script's subprocesses, started at once."""
     tmp = tmp_path_factory.mktemp("runs")
-    commands = {
+    return _run_all(tmp, {
         "graphsync run": _graphsync() + ["run", TRAIN, str(tmp / "run.npz"),
                                          "--loop", "session", "--loop", "monitored", "--loop", "supervisor"],
         "python -m graphsync run": [sys.executable, "-m", "graphsync", "run", TRAIN, str(tmp / "m.npz")],
         "python": [sys.executable, TRAIN, str(tmp / "plain.npz"), "--loop", "session", "--loop", "monitored",
                    "--hook"],
+    })
+
+
+@pytest.fixture(scope="module")
+def framework_runs(tmp_path_factory):
+    """The frameworks' scripts (tf_slim, tensorpack, a tf_keras application): the full tier."""
+    tmp = tmp_path_factory.mktemp("framework_runs")
+    return _run_all(tmp, {
         "slim": _graphsync() + ["run", "--report", str(tmp / "slim.json"), SLIM, str(tmp / "slim")],
         "tensorpack": _graphsync() + ["run", "--report", str(tmp / "tensorpack.json"), TENSORPACK,
                                       str(tmp / "tensorpack"), "--trainer", "replicated", "--trainer", "ps"],
@@ -79,12 +97,7 @@ def runs(tmp_path_factory):
                                     "--trainer", "replicated", "--trainer", "simple"],
         "keras app": _graphsync() + ["run", KERAS_APP, str(tmp / "app.npz")],
         "keras app under python": [sys.executable, KERAS_APP, str(tmp / "app_python.npz"), "--sizes", "8", "--sizes", "3,5"],
-    }
-    started = {name: _start(args) for name, args in commands.items()}
-    done = {name: _finish(process) for name, process in started.items()}
-    for name, result in done.items():
-        assert result.returncode == 0, f"{name}:\n{result.stderr[-3000:]}"
-    return tmp, done
+    })
 
 
 def _loops(path) -> dict:
@@ -209,8 +222,9 @@ def _slim_step(clones: int) -> dict:
             return sess.run(variables)
 
 
-def test_tf_slim_learning_train_under_graphsync_run_trains_like_one_clone(runs):
-    tmp, done = runs
+@tiers.full
+def test_tf_slim_learning_train_under_graphsync_run_trains_like_one_clone(framework_runs):
+    tmp, done = framework_runs
     checkpoint = tf.train.load_checkpoint(str(tmp / "slim"))
     trained = {name: checkpoint.get_tensor(name) for name in checkpoint.get_variable_to_shape_map()
                if "global_step" not in name}
@@ -239,13 +253,14 @@ def _validation_cost(directory) -> float:
     return json.loads((directory / "stats.json").read_text())[-1]["validation_cost"]
 
 
-def test_tensorpack_trainers_under_graphsync_run_train_like_one_device(runs):
+@tiers.full
+def test_tensorpack_trainers_under_graphsync_run_train_like_one_device(framework_runs):
     """SyncMultiGPUTrainerReplicated (one copy of every variable per tower, tower 1's local) and
     …ParameterServer (shared variables), towers on /gpu:k soft-placed on this machine, against
     tensorpack's SimpleTrainer on the whole batch (under plain python): tensorpack's BatchNorm with
     its updates run by a callback or inside the forward pass (fused) and a tf.layers batch norm
     (moments); the inference tower the InferenceRunner adds is left alone and sees the same model."""
-    tmp, done = runs
+    tmp, done = framework_runs
     one_device = _checkpoint(tmp / "tensorpack_python" / "simple")
     assert sum("EMA" in name or "moving" in name for name in one_device) == 6 and len(one_device) == 17
     for trainer in ("replicated", "ps"):
@@ -262,8 +277,9 @@ def test_tensorpack_trainers_under_graphsync_run_train_like_one_device(runs):
     assert _graphsync_lines(done["tensorpack"].stderr) == [f"graphsync: {g['summary']}" for g in report["graphs"]]
 
 
-def test_the_tensorpack_script_under_plain_python_does_not(runs):
-    tmp, done = runs
+@tiers.full
+def test_the_tensorpack_script_under_plain_python_does_not(framework_runs):
+    tmp, done = framework_runs
     one_device = _checkpoint(tmp / "tensorpack_python" / "simple")
     assert max_rel_error(_checkpoint(tmp / "tensorpack_python" / "replicated"), one_device) > UNSYNCED
     assert _validation_cost(tmp / "tensorpack_python" / "replicated") != \
@@ -296,14 +312,15 @@ def _update_errors(step, one_device_step) -> dict:
     return errors
 
 
-def test_keras_application_per_tower_under_graphsync_run_trains_like_one_device(runs):
+@tiers.full
+def test_keras_application_per_tower_under_graphsync_run_trains_like_one_device(framework_runs):
     """The moving statistics come from the forward pass alone: within float rounding (measured
     9e-6 for the means, 2e-5 for the variances). The trainable weights' update is compared as one
     vector: at random init the pre-activations of a deep ReLU6 net come within rounding of 0, and
     one that changes sign with rounding (measured: one in block_5_expand_relu, at 2.3e-6) flips a
     mask and moves every earlier gradient by about 0.6 % (the whole update by 0.6 %, the layers
     after it by 4e-4); unsynchronized towers move the update by about 1000 %."""
-    tmp, done = runs
+    tmp, done = framework_runs
     one_device = _app_step(tmp / "app_python.npz", "8")
     synced = _app_step(tmp / "app.npz", "3,5")
     assert len(one_device[0]) == 262 and sum("moving" in n for n in one_device[0]) == 2 * 52
@@ -317,8 +334,9 @@ def test_keras_application_per_tower_under_graphsync_run_trains_like_one_device(
         "graphsync: 52 layers × 2 towers synchronized on /device:CPU:0 (fused; gradients rewritten)"]
 
 
-def test_the_keras_application_under_plain_python_does_not(runs):
-    tmp, done = runs
+@tiers.full
+def test_the_keras_application_under_plain_python_does_not(framework_runs):
+    tmp, done = framework_runs
     errors = _update_errors(_app_step(tmp / "app_python.npz", "3,5"), _app_step(tmp / "app_python.npz", "8"))
     assert min(errors.values()) > UNSYNCED and errors["trainable"] > 20 * APP_TRAINABLE, errors
     assert _graphsync_lines(done["keras app under python"].stderr) == []

@@ -26,6 +26,8 @@ from towerlib import max_rel_error
 
 import tower_model  # noqa: E402  (tests/scripts is on sys.path through test_run)
 
+pytestmark = pytest.mark.full   # sessions opened before the model
+
 tf1 = tf.compat.v1
 SCRIPT = os.path.join(SCRIPTS, "train_session_first.py")
 MODES = ["interactive", "with", "unrelated"]

@@ -34,6 +34,8 @@ tf1 = tf.compat.v1
 slim = tl.import_tf_slim()
 from tf_slim.nets import alexnet, inception, overfeat, resnet_v1, resnet_v2, vgg  # noqa: E402
 
+pytestmark = pytest.mark.full   # the slim nets sweep
+
 SIZES = [1, 2]
 
 # name → (net function, its arg scope, input size, extra keyword arguments)

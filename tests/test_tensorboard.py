@@ -28,6 +28,7 @@ from google.protobuf import text_format
 
 import cluster
 from cli.main import main
+import tiers
 
 tf1 = tf.compat.v1
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -128,6 +129,7 @@ def test_graph_endpoint_serves_the_rewritten_graph(tensorboard):
         assert nodes[node.name].device == node.device or not node.device, node.name
 
 
+@tiers.full   # needs chromium, which .ci/run installs
 def test_graph_dashboard_renders_in_headless_chromium(tensorboard, tmp_path):
     executable = _tool("chromium")
     screenshot = tmp_path / "tensorboard.png"

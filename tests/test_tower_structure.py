@@ -19,6 +19,7 @@ import tensorflow as tf
 
 import graphsync
 import models
+import tiers
 import towerlib as tl
 from fixture_paths import ROOT
 from graphsync.autosync.patching import AutoSync
@@ -272,6 +273,7 @@ def test_inspect_says_how_towers_were_found(tmp_path):
 # graphsync run on unchanged scripts
 
 
+@tiers.full
 def test_graphsync_run_synchronizes_gpu_towers_and_stays_silent_without(tmp_path):
     script = os.path.join(ROOT, "tests", "scripts", "train_structure.py")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT] + [p for p in sys.path if p]))

@@ -24,7 +24,10 @@ import test_fused
 import test_handwritten
 import test_moments
 import test_tower_structure
+import tiers
 import towerlib as tl
+
+pytestmark = pytest.mark.full   # every family again under TF1 behaviour
 
 tf1 = tf.compat.v1
 
@@ -40,7 +43,9 @@ def _ids(cases):
                      for p in case) for case in cases]
 
 
-@pytest.mark.parametrize("model_key,batch_sizes,gradients,dtype", test_fused.CASES, ids=_ids(test_fused.CASES))
+@pytest.mark.parametrize("model_key,batch_sizes,gradients,dtype",
+                         tiers.cases(test_fused.CASES, _ids(test_fused.CASES), fast=_ids(test_fused.CASES),
+                                     kernel_ids=test_fused.KERNELS))
 def test_fused_family(v1, model_key, batch_sizes, gradients, dtype):
     test_fused.test_step_equals_single_device_reference(model_key, batch_sizes, gradients, dtype)
 

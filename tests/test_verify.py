@@ -16,6 +16,7 @@ from click.testing import CliRunner
 
 import graphsync
 import models
+import tiers
 import towerlib as tl
 from cli.main import main
 from graphsync import io as gio
@@ -182,6 +183,7 @@ def keras_reports():
     return before, rewrite, after
 
 
+@tiers.full
 def test_keras_application_unsynchronized_fails(keras_reports):
     before, _, _ = keras_reports
     assert not before.passed

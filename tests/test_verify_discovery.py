@@ -19,6 +19,7 @@ import tensorflow as tf
 from click.testing import CliRunner
 
 import graphsync
+import tiers
 import towerlib as tl
 from cli.main import main
 from graphsync import io as gio
@@ -168,7 +169,8 @@ SHAPES = {"keras_application_split": keras_application_split, "mirrored_strategy
           "slim_clones": slim_clones, "dataset_iterator_split": dataset_iterator_split}
 
 
-@pytest.fixture(scope="module", params=sorted(SHAPES))
+@pytest.fixture(scope="module", params=[pytest.param(name, marks=tiers.full) if name == "keras_application_split"
+                                        else name for name in sorted(SHAPES)])
 def shape(request, tmp_path_factory):
     """(name, original .meta, rewritten .meta, `verify rewritten --original original --json`,
     `verify original`) for one graph shape."""

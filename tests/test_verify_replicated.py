@@ -30,6 +30,7 @@ import graphsync
 from cli.main import main
 from fixture_paths import ROOT
 from graphsync.verification import discovery, run, sources
+import tiers
 
 tf1 = tf.compat.v1
 EXPORT = os.path.join(ROOT, "tests", "scripts", "export_imagenet_resnet.py")
@@ -81,6 +82,7 @@ def resnet_reports(resnet_graphs):
 
 
 @pytest.mark.parametrize("trainer", TRAINERS)
+@tiers.full
 def test_imagenet_resnet_rewritten_passes_and_original_fails(resnet_reports, trainer):
     (status, text), (original_status, original_text), _ = resnet_reports[trainer]
     assert status == 0 and text.splitlines()[-1].startswith("PASS: synchronized"), text
@@ -89,6 +91,7 @@ def test_imagenet_resnet_rewritten_passes_and_original_fails(resnet_reports, tra
 
 
 @pytest.mark.parametrize("trainer", TRAINERS)
+@tiers.full
 def test_imagenet_resnet_figures_rewritten_and_original(resnet_reports, trainer):
     """Gradients and moving statistics: float rounding after the rewrite (measured ~1e-6 and
     ~4e-7), 0.3 and more before it; the moving summaries change either way and are not judged."""
@@ -106,6 +109,7 @@ def test_imagenet_resnet_figures_rewritten_and_original(resnet_reports, trainer)
 
 
 @pytest.mark.parametrize("trainer", TRAINERS)
+@tiers.full
 def test_imagenet_resnet_loss_is_what_the_gradients_differentiate(resnet_reports, trainer):
     """Not `tower*/l2_regularize_loss` (weight decay: named *_loss, but no example changes it)."""
     (_, text), _, _ = resnet_reports[trainer]
@@ -113,6 +117,7 @@ def test_imagenet_resnet_loss_is_what_the_gradients_differentiate(resnet_reports
            "applied come from it)" in text, text
 
 
+@tiers.full
 def test_imagenet_resnet_replicated_copies_start_equal(resnet_reports, resnet_graphs):
     """The replicated trainer's copies (every variable of tower 1, optimizer slots and moving
     statistics included: 164) start as the main tower's, as its sync_variables_from_main_tower

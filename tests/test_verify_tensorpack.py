@@ -22,6 +22,7 @@ from cli.main import main
 from fixture_paths import ROOT
 from graphsync.errors import GraphsyncError
 from graphsync.verification import discovery, run, sources
+import tiers
 
 tf1 = tf.compat.v1
 EXPORT = os.path.join(ROOT, "tests", "scripts", "export_tensorpack.py")
@@ -52,6 +53,7 @@ def tensorpack_graphs(tmp_path_factory):
 
 
 @pytest.mark.parametrize("trainer", TRAINERS)
+@tiers.full
 def test_tensorpack_rewritten_graph_passes_and_original_fails(tensorpack_graphs, trainer):
     original, rewritten = tensorpack_graphs[trainer]
     status, text = _verify(rewritten)

@@ -3,6 +3,7 @@ that reads TF_CONFIG, starts its own tf.distribute.Server and trains one step on
 2 or 3 real worker processes on 127.0.0.1 under `graphsync run` (and under plain python); what the
 workers computed together is compared with one device on the concatenated batch. Also: a missing
 worker, workers with different layers, and `graphsync rewrite --process-group`."""
+import concurrent.futures
 import json
 import os
 import subprocess
@@ -73,10 +74,11 @@ def errors_against_one_device(results, sizes, **model):
 @pytest.fixture(scope="module")
 def two_workers(tmp_path_factory):
     sizes = [3, 5]
-    synced = run_workers(tmp_path_factory.mktemp("synced"), 2, args=["--sizes", "3,5"])
-    plain = run_workers(tmp_path_factory.mktemp("plain"), 2, runner=[sys.executable],
-                        args=["--sizes", "3,5", "--alone"])
-    return sizes, synced, plain
+    synced_dir, plain_dir = tmp_path_factory.mktemp("synced"), tmp_path_factory.mktemp("plain")
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:   # both groups at once: most of a run is waiting
+        synced = pool.submit(run_workers, synced_dir, 2, args=["--sizes", "3,5"])
+        plain = pool.submit(run_workers, plain_dir, 2, runner=[sys.executable], args=["--sizes", "3,5", "--alone"])
+        return sizes, synced.result(), plain.result()
 
 
 def test_two_workers_under_graphsync_run_equal_one_device(two_workers):

@@ -134,12 +134,14 @@ def test_parameter_server_modes_equal_one_device(tmp_path, mode):
     """Moving statistics included: on the ps (parameter_server) worker 0 alone updates them, the
     others' updates taken out of their steps (before, 2 workers moved them twice a step: 1.8e-1
     off); a worker's own (distributed_replicated) each worker updates."""
-    results = run_job(tmp_path / "synced", mode, GRAPHSYNC_RUN)
-    for _, _, err, _ in results:
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:   # both jobs at once: most of a job is waiting
+        synced, plain = pool.map(lambda args: run_job(tmp_path / args[0], mode, args[1]),
+                                 [("synced", GRAPHSYNC_RUN), ("plain", [sys.executable])])
+    for _, _, err, _ in synced:
         assert (SHARED_MOVING in err) == (mode == "parameter_server"), err
-    errors = assert_synchronized(results)
+    errors = assert_synchronized(synced)
     print(f"{mode}, 2 workers {SIZES}, {STEPS} steps, synchronized through the ps:", errors)
-    unsynced = errors_against_one_device(run_job(tmp_path / "plain", mode, [sys.executable]))
+    unsynced = errors_against_one_device(plain)
     print(f"{mode}, plain python:", unsynced)
     assert min(e["stats"] for e in unsynced) > 1e-2, unsynced
 

@@ -13,7 +13,7 @@ import test_docs
 ROOT = test_docs.ROOT
 README = test_docs.README
 SET_UP = ("pip install . && graphsync rewrite fixtures/cifar10_2towers.meta -o /tmp/cifar10_2towers_synced.meta\n"
-          "pip install '.[test]' && python -m pytest -q\n")
+          "pip install '.[test]' && python -m pytest -q -n 2\n")
 MAX_WORDS = 2100   # "about 2,000": read in ten minutes
 _LINK = re.compile(r"\]\((?P<target>[^)#\s]+)(?:#[^)]*)?\)")
 

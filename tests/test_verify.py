@@ -191,6 +191,7 @@ def test_keras_application_unsynchronized_fails(keras_reports):
     assert len(before.rewritten.batch_norm_running) == before.rewritten.batch_norm_ops == 52 * 2 * 2
 
 
+@tiers.full
 def test_keras_application_rewritten_passes(keras_reports):
     """MobileNetV2 at initialization amplifies float rounding (exchanges within towers move its
     gradients by up to ~1e-2 run to run): the check is the verdict and the gap to the original."""

@@ -14,7 +14,7 @@ import tensorflow as tf
 from graphsync.splice import inline
 from graphsync.graph import ref_races
 from graphsync.splice import layer as splice
-from graphsync.splice import reduction, shared_averages
+from graphsync.splice import reduction, ref_reads, shared_averages
 from graphsync.graph import tf_private
 from graphsync.errors import GraphsyncError, GraphsyncWarning
 from graphsync.between_graph.process_group import ProcessGroup
@@ -122,7 +122,9 @@ def _rewrite(graph, towers, device, strategy, group_size, process_group, recompu
                                         for layer in plan.layers)   # a reduction has nothing to recompute
     if report.changed:
         _rewritten_graphs.add(graph)
-        _say_races(ref_races.find_races(graph))
+        unordered = ref_reads.order_before_updates(graph, version)
+        _say_unordered(unordered)
+        _say_races([r for r in ref_races.find_races(graph) if r not in unordered])
         if process_group is not None and process_group.heartbeat:
             from graphsync.between_graph import watched_steps
             watched_steps.watch(graph, process_group, report.fingerprints)
@@ -180,6 +182,17 @@ def _say_repeated_updates(repeated: list) -> None:
                       f"each with the same synchronized statistics: they move up to {towers}× as far per step as on one device; run "
                       "one tower's update ops (tf.compat.v1.get_collection(UPDATE_OPS, scope=<first tower>))",
                       GraphsyncWarning, stacklevel=4)
+
+
+def _say_unordered(races: list) -> None:
+    """A GraphsyncWarning for reads of TF1 ref variables racing an update across the rewrite's
+    ops that splice/ref_reads.py could not order before it: the step may differ from one
+    device's, from run to run."""
+    if races:
+        others = f" (and {len(races) - 1} more)" if len(races) > 1 else ""
+        warnings.warn(f"{races[0].line()}{others}, and graphsync cannot order the read before the update (an update "
+                      "inside a while loop, or the variable switched by a v1 cond): the step may use the new value; "
+                      "use resource variables", GraphsyncWarning, stacklevel=4)
 
 
 def _say_races(races: list) -> None:

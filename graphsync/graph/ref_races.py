@@ -13,7 +13,9 @@ A race is a reader R of variable V's buffer and an update U of V such that
 
     R is not an ancestor of U (R is not known to run before U),
     R is not a descendant of U (R is not meant to read the new value), and
-    R and U reach a common op (one fetch runs both: e.g. R's gradients and U under train_op).
+    R and U reach a common op (one fetch runs both: e.g. R's gradients and U under train_op), and
+    R does not read V through a v1 cond's branch that U is not in, on the same predicate
+    (a training flag's cond reads the variable at evaluation and updates it in training).
 
 The last condition leaves out the initializers and separate evaluation or summary passes. One pass
 over the graph in each direction with an integer bitset per op (a bit per update, a bit per sink),
@@ -26,10 +28,11 @@ import dataclasses
 import tensorflow as tf
 
 from graphsync.graph import order
-from graphsync.graph.tf_private import is_ref
+from graphsync.graph.tf_private import control_flow_context, is_ref
 
 VARIABLE_TYPES = ("VariableV2", "Variable", "TemporaryVariable")
 ALIASING_TYPES = ("Identity", "RefIdentity", "Switch", "RefSwitch", "Enter", "RefEnter")
+NOT_READING = ("IsVariableInitialized",)   # takes the reference, never reads the value
 REF_READERS = ("IsVariableInitialized", "RefIdentity", "RefSwitch", "RefEnter", "RefExit", "RefMerge",
                "RefNextIteration", "RefSelect", "DebugGradientRefIdentity", "DestroyTemporaryVariable")
 
@@ -45,8 +48,10 @@ class Race:
                 "may already have written it")
 
 
-def find_races(graph: tf.Graph) -> list[Race]:
-    """Every (reader, update) race of the module docstring, readers in the order they run."""
+def find_races(graph: tf.Graph, fetched_together: bool = True) -> list[Race]:
+    """Every (reader, update) race of the module docstring, readers in the order they run.
+    fetched_together=False drops the last condition: also the reads and updates no op runs both of
+    yet (the updates of a graph whose train op is still to be built)."""
     updates, readers = {}, {}   # variable op → its in-place updates / the ops reading its buffer
     for op in _variable_ops(graph):
         updates[op], readers[op] = _updates_and_readers(op)
@@ -62,9 +67,45 @@ def find_races(graph: tf.Graph) -> list[Race]:
         bit = update_bit[update]
         for reader in readers[variable]:
             r, u = index[reader], index[update]
-            if not before[r] & bit and not after[r] & bit and sinks[r] & sinks[u]:
+            if not before[r] & bit and not after[r] & bit and (sinks[r] & sinks[u] or not fetched_together) \
+                    and not _exclusive(chain(reader, variable) or [], update):
                 races.append((r, Race(reader.name, variable.name, update.name)))
     return [race for _, race in sorted(races, key=lambda pair: pair[0])]
+
+
+def chain(reader: tf.Operation, variable: tf.Operation):
+    """The alias chain from `variable` to `reader`: [(op, index of its output the chain goes on
+    through)…, (reader, index of its input)], or None if the reader reads no alias of it."""
+    for index, tensor in enumerate(reader.inputs):
+        links = []
+        while tensor.op is not variable and tensor.op.type in ALIASING_TYPES:
+            links.append((tensor.op, tensor.value_index))
+            tensor = tensor.op.inputs[0]
+        if tensor.op is variable:
+            return [(variable, 0)] + links[::-1] + [(reader, index)]
+    return None
+
+
+def _exclusive(chain: list, update: tf.Operation) -> bool:
+    """Whether the read passes a v1 cond's Switch on the branch the update is not in, on the same
+    predicate (a training flag's cond reading the moving statistics at evaluation, updating them in
+    training): no step runs both."""
+    switches = [(op, output) for op, output in chain[:-1] if op.type in ("Switch", "RefSwitch")]
+    context = control_flow_context(update)
+    while switches and context is not None:
+        pred, branch = getattr(context, "pred", None), getattr(context, "branch", None)
+        if pred is not None and any(_source(op.inputs[1]) is _source(pred) and output != branch
+                                    for op, output in switches):
+            return True
+        context = context.outer_context
+    return False
+
+
+def _source(tensor: tf.Tensor) -> tf.Tensor:
+    """A predicate past the Identity ops each v1 cond puts on it (pred_id)."""
+    while tensor.op.type == "Identity":
+        tensor = tensor.op.inputs[0]
+    return tensor
 
 
 def aliases_a_variable(tensor: tf.Tensor) -> bool:
@@ -95,9 +136,10 @@ def _updates_and_readers(variable: tf.Operation) -> tuple[list, list]:
         for consumer in tensor.consumers():
             if consumer.type in ALIASING_TYPES and _same_device(consumer, tensor.op):
                 frontier += consumer.outputs
-            elif is_ref(tensor) and consumer.type not in REF_READERS and _input_arg(consumer, tensor).is_ref:
+            elif is_ref(tensor) and consumer.type not in REF_READERS and input_arg(consumer, tensor).is_ref:
                 updates.append(consumer)
-            elif not _ignored(consumer, tensor):   # (an alias on another device reads it to copy it)
+            elif consumer.type not in NOT_READING and not _ignored(consumer, tensor):
+                # (an alias on another device reads it to copy it)
                 readers.append(consumer)
     return updates, readers
 
@@ -111,7 +153,7 @@ def _ignored(op: tf.Operation, tensor: tf.Tensor) -> bool:
     return not blends and all(t is not tensor for t in op.inputs[:3])
 
 
-def _input_arg(op: tf.Operation, tensor: tf.Tensor):
+def input_arg(op: tf.Operation, tensor: tf.Tensor):
     """The OpDef argument `tensor` enters `op` by (ref variables enter single arguments)."""
     position = next(i for i, t in enumerate(op.inputs) if t is tensor)
     args = op.op_def.input_arg

@@ -175,14 +175,14 @@ def build(mode, workers, index, cluster):
     return x, t, fetches, trained, global_step, tf.group(local_init, *post_init, init_end)
 
 
-def train(mode, target, cluster, workers, index, sizes, steps, is_chief, say_steps=False):
+def train(mode, target, cluster, workers, index, sizes, steps, is_chief, say_steps=False, recovery_wait=30):
     graph = tf.Graph()
     with graph.as_default():
         x, t, fetches, trained, global_step, local_init = build(mode, workers, index, cluster)
         supervisor = tf1.train.Supervisor(
             is_chief=is_chief or mode == "collective_all_reduce", logdir=None, ready_for_local_init_op=tf1.report_uninitialized_variables(
                 tf1.global_variables()), local_init_op=local_init, saver=None, global_step=global_step,
-            summary_op=None)
+            summary_op=None, recovery_wait_secs=recovery_wait)
         got = {"loss": [], "stats": []}
         with supervisor.managed_session(master=target) as sess:
             first_step = sess.run(global_step)   # the chief's extra fetch (tf_cnn_benchmarks: every worker's)
@@ -238,6 +238,9 @@ def main():
     parser.add_argument("--sizes", default="3,5")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--say-steps", action="store_true", help="print 'step N' after each step")
+    parser.add_argument("--recovery-wait", type=int, default=30,
+                        help="seconds a non-chief Supervisor waits before asking again whether the chief initialized "
+                             "the model (TensorFlow's default, which tf_cnn_benchmarks keeps: 30)")
     args = parser.parse_args()
     tf_config = json.loads(os.environ["TF_CONFIG"])
     job, index = tf_config["task"]["type"], tf_config["task"]["index"]
@@ -251,7 +254,7 @@ def main():
         server.join()
     sizes = [int(s) for s in args.sizes.split(",")]
     got = train(args.mode, server.target, cluster, len(tf_config["cluster"]["worker"]), index, sizes, args.steps,
-                is_chief=index == 0, say_steps=args.say_steps)
+                is_chief=index == 0, say_steps=args.say_steps, recovery_wait=args.recovery_wait)
     np.savez(args.out, **got)
     print(f"{job}:{index} trained {args.steps} steps on {sizes[index]} examples each (global step "
           f"{got['global_steps'][0]} → {got['global_steps'][1]})", flush=True)

@@ -4,7 +4,7 @@ once against one device on the concatenated batch. Each seed ends one of four wa
 device, refused in one line, different from one device, or crashed (anything but GraphsyncError).
 The last two are bugs: each seed found becomes a named case in tests/test_random_graphs.py.
 
-    python benchmarks/random_graphs.py --seeds 2000 --jobs 2      # ~1 s per seed per job
+    python benchmarks/random_graphs.py --seeds 2000 --jobs 2      # ~2 s per seed per job (33 min)
     python benchmarks/random_graphs.py --first 500 --seeds 100    # another range
 
 Prints every refusal, difference and crash with its seed, then the counts (Markdown).
@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import collections
 import concurrent.futures
+import multiprocessing
 import os
 import sys
 import time
@@ -46,7 +47,8 @@ def main() -> int:
     args = parser.parse_args()
     seeds = range(args.first, args.first + args.seeds)
     counts, findings, began = collections.Counter(), [], time.monotonic()
-    with concurrent.futures.ProcessPoolExecutor(args.jobs, max_tasks_per_child=50) as pool:
+    # spawned workers: a forked one inherits TensorFlow's threads (and, recycled, hung the pool)
+    with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         for seed, kind, text in pool.map(_check, seeds, chunksize=4):
             counts[kind] += 1
             if kind != "equal":

@@ -27,8 +27,8 @@ from tensorflow.core.framework import attr_value_pb2
 
 from graphsync.graph import ref_races, tf_private
 from graphsync.graph.tf_private import control_flow_context, create_op, pristine_scope
+from graphsync.splice.fused_kernels import FORWARD_READ_GRADIENT   # a copy's gradient: passed on unchanged
 
-SNAPSHOT_GRADIENT = "GraphsyncRefSnapshot"
 
 
 def order_before_updates(graph: tf.Graph, version: int) -> list[ref_races.Race]:
@@ -94,15 +94,9 @@ def _cut(chain: list | None):
 def _snapshot(graph: tf.Graph, tensor: tf.Tensor) -> tf.Tensor:
     """A copy of the variable's value, on the variable's device, beside it in the graph."""
     attrs = {"T": attr_value_pb2.AttrValue(type=tensor.dtype.base_dtype.as_datatype_enum),
-             "_gradient_op_type": attr_value_pb2.AttrValue(s=SNAPSHOT_GRADIENT.encode())}
+             "_gradient_op_type": attr_value_pb2.AttrValue(s=FORWARD_READ_GRADIENT.encode())}
     with pristine_scope(graph, tensor.op.device, tensor.op.name.rsplit("/", 1)[0] + "/graphsync_snapshot"):
         return create_op(graph, "Snapshot", [tensor], attrs, "snapshot").outputs[0]
-
-
-@tf.RegisterGradient(SNAPSHOT_GRADIENT)
-def _snapshot_gradient(_op, grad):
-    """A copy passes its gradient on unchanged (TensorFlow registers none for Snapshot)."""
-    return grad
 
 
 def _downstream(ops: list) -> set:

@@ -160,6 +160,7 @@ class Outcome:
     error: float = 0.0         # max relative error against one device
     tolerance: float = 0.0
     layers: int = 0            # layers the report synchronized
+    unsynchronized: float = 0.0   # the same towers without the rewrite, against one device
 
     @property
     def ok(self) -> bool:
@@ -214,6 +215,8 @@ def check(seed: int) -> Outcome:
             outcome.refused = str(exc)
             return outcome
         got = tl.run_step(_in_reference_order(built), x, t, sizes)
+        plain = tl.run_step(_in_reference_order(tl.build(model_fn(s), sizes, input_shape=SHAPE)), x, t, sizes)
+    outcome.unsynchronized = max(tl.max_rel_error(plain[k], ref[k]) for k in ref)
     outcome.layers = len(reports[0].layers)
     outcome.error = max(tl.max_rel_error(got[k], ref[k]) for k in ref)
     return outcome

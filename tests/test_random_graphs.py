@@ -24,6 +24,7 @@ def _check(seed):
     else:
         assert outcome.error <= outcome.tolerance, outcome
         assert outcome.layers >= 1, outcome   # (a statistic written by hand may count as several reductions)
+        assert outcome.unsynchronized > 3 * outcome.tolerance, outcome   # the check tells one from the other
 
 
 @pytest.mark.parametrize("seed", SEEDS)

@@ -17,6 +17,7 @@ import tensorflow as tf
 
 import conditional_models as cm
 import graphsync
+from graphsync.graph.backward import is_backward
 import tiers
 import towerlib as tl
 
@@ -336,9 +337,9 @@ def test_recompute_behind_a_flag_is_bit_for_bit_and_one_device(version, gradient
 
     def gradient_readers_of_activations(graph):
         relus = [op for op in graph.get_operations() if op.type == "Relu" and op.name.startswith("tower_")
-                 and not recomputation.is_gradient_op(op) and recomputation.RECOMPUTED_ATTR not in op.node_def.attr]
+                 and not is_backward(op) and recomputation.RECOMPUTED_ATTR not in op.node_def.attr]
         return [c for op in relus for c in op.outputs[0].consumers()
-                if recomputation.is_gradient_op(c) and c.type not in ("Shape", "ShapeN", "Size", "Rank")]
+                if is_backward(c) and c.type not in ("Shape", "ShapeN", "Size", "Rank")]
     assert gradient_readers_of_activations(plain.graph)
     assert not gradient_readers_of_activations(recomputed.graph)
 

@@ -14,6 +14,7 @@ import pytest
 import tensorflow as tf
 
 import graphsync
+from graphsync.graph.backward import is_backward
 from graphsync.splice import recompute as recomputation
 import models
 import tiers
@@ -46,13 +47,13 @@ def _steps(built, x, t, batch_sizes, steps=STEPS):
 def _forward_activations(graph):
     """The towers' forward outputs of the activations after their batch norms."""
     return [op.outputs[0] for op in graph.get_operations()
-            if op.type == "Relu" and op.name.startswith("tower_") and not recomputation.is_gradient_op(op)
+            if op.type == "Relu" and op.name.startswith("tower_") and not is_backward(op)
             and recomputation.RECOMPUTED_ATTR not in op.node_def.attr]
 
 
 def _gradient_readers(tensors):
     return [c.name for t in tensors for c in t.consumers()
-            if recomputation.is_gradient_op(c) and c.type not in ("Shape", "ShapeN", "Size", "Rank")]
+            if is_backward(c) and c.type not in ("Shape", "ShapeN", "Size", "Rank")]
 
 
 @pytest.mark.parametrize("model_key,strategy,batch_sizes", [
@@ -76,7 +77,7 @@ def test_recomputed_step_is_bit_for_bit_and_one_device(model_key, strategy, batc
     assert _gradient_readers(_forward_activations(plain.graph))
     assert not _gradient_readers(_forward_activations(recomputed.graph))
     copies = [op for op in recomputed.graph.get_operations() if recomputation.RECOMPUTED_ATTR in op.node_def.attr]
-    assert copies and all(op.control_inputs and all(recomputation.is_gradient_op(c) for c in op.control_inputs)
+    assert copies and all(op.control_inputs and all(is_backward(c) for c in op.control_inputs)
                           for op in copies)
     assert all(op.device == op.inputs[0].op.device or op.device for op in copies)
 

@@ -60,11 +60,9 @@ import numpy as np
 import tensorflow as tf
 
 from graphsync.graph import by_type, shapes, tf_private
+from graphsync.graph.backward import is_backward
 from graphsync.match.fused import LOCAL_MOMENTS_GRADIENT, gradient_type
 from graphsync.match.hidden import is_inlined
-
-# tf.gradients' scopes, and the backward graphsync splices beside a tower's op (`<op>_sync_grad_<k>/`)
-_GRADIENT_SCOPE = re.compile(r"(?:^|/)gradients(?:_\d+)?/|_sync_grad_\d+/")
 
 SOURCES = frozenset({"Placeholder", "PlaceholderWithDefault", "IteratorGetNext", "IteratorGetNextSync",
                      "QueueDequeueMany", "QueueDequeueManyV2", "QueueDequeueUpTo", "QueueDequeueUpToV2",
@@ -130,15 +128,11 @@ class Analysis:
         return bool(self.batch.get(tensor.ref()))
 
 
-def is_gradient_op(op: tf.Operation) -> bool:
-    return bool(_GRADIENT_SCOPE.search(op.name))
-
-
 def analyze(graph: tf.Graph, ops=None) -> Analysis:
     """Traces the batch axes through `graph` (or from `ops`, the graph's ops, when given)."""
     seeds = []
     for op in by_type.ops_of_types(graph, SOURCES) if ops is None else (op for op in ops if op.type in SOURCES):
-        if not is_gradient_op(op):
+        if not is_backward(op):
             seeds += [(t, frozenset({0})) for t in op.outputs if t.shape.rank is None or t.shape.rank >= 1]
     return _trace(seeds, _Bodies.of(graph))
 
@@ -154,7 +148,7 @@ def _trace(seeds, bodies) -> Analysis:
     while queue:
         tensor = queue.pop()
         for op in tensor.consumers():
-            if is_gradient_op(op) or is_inlined(op):   # an inlined call no longer runs
+            if is_backward(op) or is_inlined(op):   # an inlined call no longer runs
                 continue
             ins = [batch.get(t.ref()) for t in op.inputs]
             key = (op, tuple(ins))
@@ -1230,7 +1224,7 @@ def verdict(analysis: Analysis, crossed: CrossOp, tower_of=None, skip=frozenset(
            "kernel": "normalizes with its batch statistics (training mode)",
            "order": "orders or selects among the examples"}[crossed.how]
     if crossed.how == "kernel":
-        if any(not is_gradient_op(c) for c in op.outputs[0].consumers()):
+        if any(not is_backward(c) for c in op.outputs[0].consumers()):
             return STATISTIC, how
         return TERMINAL, how + ", but nothing reads its output"
     reader, merged = _flows_back(analysis, op, tower_of, skip, budget)
@@ -1262,7 +1256,7 @@ def _flows_back(analysis: Analysis, op: tf.Operation, tower_of, skip, budget, st
     while stack and budget > 0:
         for t in stack.pop():
             for reader in t.consumers():
-                if reader in seen or reader in skip or is_gradient_op(reader):
+                if reader in seen or reader in skip or is_backward(reader):
                     continue
                 seen.add(reader)
                 budget -= 1
@@ -1306,7 +1300,7 @@ def forward_readers(op: tf.Operation, enter, budget: int = 400):
     while stack and budget > 0:
         for t in stack.pop().outputs:
             for reader in t.consumers():
-                if reader in seen or is_gradient_op(reader):
+                if reader in seen or is_backward(reader):
                     continue
                 seen.add(reader)
                 budget -= 1

@@ -10,16 +10,15 @@ make it a batch statistic.
 from __future__ import annotations
 
 import dataclasses
-import re
 
 import numpy as np
 import tensorflow as tf
 
 from graphsync.match import ghost
 from graphsync.match.counts import is_count
+from graphsync.graph.backward import is_backward
 
 _DIVISIONS = ("RealDiv", "Div", "DivNoNan")
-_GRADIENT_SCOPE = re.compile(r"(?:^|/)gradients(?:_\d+)?/")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,10 +80,6 @@ def batch_axis_reason(x: tf.Tensor, axes: tuple) -> str | None:
     return None
 
 
-def is_gradient_op(op: tf.Operation) -> bool:
-    return bool(_GRADIENT_SCOPE.search(op.name))
-
-
 def normalizes(x: tf.Tensor, mean: tf.Tensor, variance: tf.Tensor, depth: int = 6) -> bool:
     """Whether `mean` and `variance` normalize `x`: some forward op within `depth` consumers reads,
     through its inputs, all three (x by a path that avoids the statistics themselves) — what
@@ -100,7 +95,7 @@ def _downstream(tensor: tf.Tensor, depth: int, stops) -> set:
         nxt = []
         for t in frontier:
             for op in t.consumers():
-                if op in found or op in stops or is_gradient_op(op):
+                if op in found or op in stops or is_backward(op):
                     continue
                 found.add(op)
                 nxt.extend(op.outputs)

@@ -26,6 +26,7 @@ import tensorflow as tf
 from graphsync.errors import GraphsyncError
 from graphsync.match import batch_axis
 from graphsync.match.hidden import is_inlined
+from graphsync.graph.backward import is_backward
 
 REDUCING = batch_axis.REDUCTION_TYPES | batch_axis.ORDER_TYPES
 _NO_RULE = re.compile(re.escape(batch_axis.NO_RULE) + r" (\S+)")
@@ -66,7 +67,7 @@ def unfollowed(analysis, in_tower, covered=frozenset(), budget: int = 200_000) -
         op = stack.pop()
         for t in op.outputs:
             for reader in t.consumers():
-                if reader in origin or batch_axis.is_gradient_op(reader) or is_inlined(reader):
+                if reader in origin or is_backward(reader) or is_inlined(reader):
                     continue
                 origin[reader] = origin[op]
                 budget -= 1

@@ -12,16 +12,15 @@ line (a GraphsyncWarning).
 from __future__ import annotations
 
 import collections
-import re
 
 import tensorflow as tf
 
 from graphsync.graph import tf_private
 from graphsync.graph.op_types import WRITE_TYPES
+from graphsync.graph.backward import is_backward
 
 _DEPTH = 8          # ops from a batch statistic to the write of its moving average (keras: Sub, Mul, Cast…)
 _PASS_THROUGH = frozenset({"Identity", "ReadVariableOp", "RefIdentity"})
-_GRADIENTS = re.compile(r"(?:^|/)gradients(?:_\d+)?/")   # tf.gradients' scopes
 
 
 def writes_per_layer(layers) -> dict:
@@ -78,7 +77,7 @@ def _writes_from(tensors: list) -> list:
     for _ in range(_DEPTH):
         following = []
         for op in frontier:
-            if op in seen or _GRADIENTS.search(op.name):
+            if op in seen or is_backward(op):
                 continue
             seen.add(op)
             if op.type in WRITE_TYPES:

@@ -25,6 +25,7 @@ import numpy as np
 import tensorflow as tf
 
 from graphsync.match import batch_axis
+from graphsync.graph.backward import is_backward
 
 _SIZES = frozenset({"Shape", "ShapeN", "Size"})
 _INDEXING = frozenset({"StridedSlice", "GatherV2", "Gather"})
@@ -54,7 +55,7 @@ def _upstream(tensor: tf.Tensor, analysis, ended: dict, budget: int) -> str | No
     while stack and budget > 0:
         t, via = stack.pop()
         op = t.op
-        if (t.ref(), via) in seen or op.type in _LEAVES or op in analysis.cross or batch_axis.is_gradient_op(op):
+        if (t.ref(), via) in seen or op.type in _LEAVES or op in analysis.cross or is_backward(op):
             continue
         seen.add((t.ref(), via))
         budget -= 1

@@ -48,12 +48,12 @@ from graphsync.graph import tf_private
 from graphsync.errors import GraphsyncError
 from graphsync.graph.reroute import reroute_control_outputs, reroute_outputs
 from graphsync.match.hidden import CALL_TYPES, INLINE_REMEDY as REMEDY, INLINED_ATTR, INLINED_SUFFIX, is_inlined
+from graphsync.graph.backward import is_backward
 
 
 # INLINED_SUFFIX: never the call's own name: TensorFlow inlines a call it runs as `<call>/<node>`
 _IF_TYPES = ("If", "StatelessIf")
 _GRADIENTS = re.compile(r"gradients(?:_\d+)?")
-_GRADIENT_SCOPE = re.compile(r"(?:^|/)gradients(?:_\d+)?/")
 _HANDLE_PASSING = frozenset(match.FUNCTION_CALL_TYPES) | {"Identity", "Switch", "Merge"}
 
 
@@ -97,7 +97,7 @@ def inline_calls(graph: tf.Graph, calls: list) -> list[str]:
     for call in calls:
         gradients = sorted({c for t in call.outputs for c in t.consumers()
                             if c.type in CALL_TYPES and not is_inlined(c) and
-                            (match.called_functions(c) & backward or _GRADIENT_SCOPE.search(c.name))},
+                            (match.called_functions(c) & backward or is_backward(c))},
                            key=tf_private.creation_order)
         for op in [call] + gradients:
             # a statistic's gradient call: its gradient scopes renamed after the inlined forward's ops

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import re
 
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
@@ -48,6 +47,7 @@ from tensorflow.core.framework import attr_value_pb2
 from graphsync.graph import tf_private
 from graphsync.graph.reroute import reroute_consumers
 from graphsync.graph.tf_private import create_op, pristine_scope
+from graphsync.graph.backward import is_backward
 
 ACTIVATIONS = frozenset({"Relu", "Relu6", "LeakyRelu", "Elu", "Sigmoid", "Tanh", "Identity"})
 AFFINE = frozenset({"Mul", "AddV2", "Add", "BiasAdd", "Sub", "RealDiv"})   # with a per-channel operand
@@ -55,7 +55,6 @@ RECOMPUTED_ATTR = "_graphsync_recompute"
 ROOTS_ATTR = "_graphsync_recompute_roots"   # on the op whose gradient recomputes (when_differentiated)
 _SHAPE_TYPES = frozenset({"Shape", "ShapeN", "Size", "Rank"})
 # tf.gradients' scopes, and graphsync's synchronized backward (graphsync/splice/layer.py)
-_GRADIENT_OP = re.compile(r"(?:^|/)gradients(?:_\d+)?/|_sync_grad_\d+/")
 _STATISTICS_DEPTH = 12   # ops between a synchronized statistic and the per-channel operand it becomes
 
 
@@ -69,11 +68,6 @@ class Recomputed:
     edges: int = 0
 
 
-def is_gradient_op(op: tf.Operation) -> bool:
-    """An op of a `tf.gradients` call (its scope `…/gradients[_N]/`) or of graphsync's backward."""
-    return bool(_GRADIENT_OP.search(op.name))
-
-
 def fused_roots(y: tf.Tensor) -> list:
     """A fused layer's recomputation starts from graphsync's own normalization op."""
     return [y.op]
@@ -84,7 +78,7 @@ def moments_roots(x: tf.Tensor, statistics: list) -> list:
     from the synchronized statistics (`statistics`: the tensors every reader of the layer's mean and
     variance now reads)."""
     targets = {t.op for t in statistics}
-    return [op for op in x.consumers() if op.type in AFFINE and not is_gradient_op(op)
+    return [op for op in x.consumers() if op.type in AFFINE and not is_backward(op)
             and _per_channel_operand(op, x) is not None
             and _reaches(_per_channel_operand(op, x), targets)]
 
@@ -111,7 +105,7 @@ def recompute(graph: tf.Graph, roots: list) -> Recomputed:
     done = Recomputed()
     chain = _chain(roots)
     chained = {op.outputs[0].ref() for op in chain}
-    readers = {op: [c for c in op.outputs[0].consumers() if is_gradient_op(c) and c.type not in _SHAPE_TYPES]
+    readers = {op: [c for c in op.outputs[0].consumers() if is_backward(c) and c.type not in _SHAPE_TYPES]
                for op in chain}
     read = [op for op in chain if readers[op]]
     if not read:
@@ -119,7 +113,7 @@ def recompute(graph: tf.Graph, roots: list) -> Recomputed:
     needed = _with_chain_ancestors(read, chain)
     all_readers = {r for op in read for r in readers[op]}
     incoming = {t.op for r in all_readers for t in r.inputs
-                if t.ref() not in chained and is_gradient_op(t.op) and t.op.type not in _SHAPE_TYPES}
+                if t.ref() not in chained and is_backward(t.op) and t.op.type not in _SHAPE_TYPES}
     incoming -= _downstream(all_readers)
     if not incoming:
         return done   # nothing to wait for: a copy would run with the forward and save nothing
@@ -147,7 +141,7 @@ def _chain(roots: list) -> list:
         chain.append(op)
         t = op.outputs[0]
         for consumer in t.consumers():
-            if consumer in seen or is_gradient_op(consumer) or consumer.device != op.device:
+            if consumer in seen or is_backward(consumer) or consumer.device != op.device:
                 continue
             if consumer.type in ACTIVATIONS and len(consumer.inputs) == 1 or \
                     consumer.type in AFFINE and _per_channel_operand(consumer, t) is not None or \

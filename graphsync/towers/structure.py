@@ -33,6 +33,7 @@ from graphsync.towers import names as tower_names
 from graphsync.errors import GraphsyncError
 from graphsync.graph.tf_private import is_ref
 from graphsync.towers.scopes import Tower
+from graphsync.graph.backward import is_backward
 
 SLICING_TYPES = ("StridedSlice", "Slice", "Split", "SplitV", "Unpack", "GatherV2", "Gather", "ResourceGather")
 PARAMETERS = ("VariableV2", "Variable", "VarHandleOp", "Const")
@@ -345,7 +346,7 @@ class _Analysis:
         if cand.kind == "fused":
             return bool(match.fused_gradient_ops(cand.op))
         readers = [c for t in cand.op.inputs[:1] for c in t.consumers()]
-        return any("gradients" in c.name and "_grad/" in c.name for c in readers)
+        return any(is_backward(c) for c in readers)
 
 
 def _signature(cand) -> tuple:

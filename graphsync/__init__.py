@@ -3,8 +3,9 @@
     import graphsync
     report = graphsync.rewrite_towers()   # after building the towers (and, ideally, their gradients)
 
-or, for loops that own the session, `hooks=[graphsync.SyncBatchNormHook()]`; or, with no edit at
-all, `graphsync run train.py` (graphsync.autosync.patching).
+or, for loops that own the session, `hooks=[graphsync.SyncBatchNormHook()]`; or, for TF2 steps
+traced by tf.function under a distribution strategy (and everything else), `graphsync.autosync()`
+on the script's first lines; or, with no edit at all, `graphsync run train.py` (graphsync.autosync).
 
 Importing graphsync registers the gradients its rewritten graphs use. When TensorFlow is not
 imported yet (e.g. `python -m graphsync`), the library loads on first use instead, so the command
@@ -25,6 +26,7 @@ _EXPORTS = {
     "SkippedReport": "graphsync.report",
     "SyncBatchNormHook": "graphsync.hook",
     "AutoSync": "graphsync.autosync.patching",
+    "autosync": "graphsync.autosync",
     "verify": "graphsync.verification",
     "VerifyReport": "graphsync.verification",
 }

@@ -79,7 +79,7 @@ class GraphDecisions:
             if options is None:
                 self._decided.add(graph)
                 return
-            if self._rewrite(graph, number, options):
+            if self._rewrite(graph, f"graph {number}", options):
                 self._decided.add(graph)
             self._looked_at[graph] = graph.version   # undecided: looked at again once ops are added
 
@@ -129,7 +129,7 @@ class GraphDecisions:
                                "build the whole model before its first session or run, or call "
                                "graphsync.rewrite_towers() after its last layer")
 
-    def _refuse_if_already_copied(self, graph, number: int, options: dict) -> None:
+    def _refuse_if_already_copied(self, graph, label: str, options: dict) -> None:
         """A GraphsyncError when an open session already holds an op the rewrite would edit."""
         if not self._copies.held(graph):
             return   # the usual case: no open session has run this graph yet, nothing to plan twice
@@ -138,21 +138,29 @@ class GraphDecisions:
         op = self._copies.first_held(graph, [site.op for layer in plan.layers for site in layer.sites] + list(plan.calls))
         if op is not None:
             raise GraphsyncError(
-                f"graph {number}: {op.name} was part of a Session.run before the other towers were built, "
+                f"{label}: {op.name} was part of a Session.run before the other towers were built, "
                 "and that session (still open) would ignore the rewrite: build every tower before the first "
                 "run, or call graphsync.rewrite_towers() once they are built and run them in a new session")
 
-    def _rewrite(self, graph, number: int, options: dict) -> bool:
+    def decide_function(self, graph, label: str, replicated: bool) -> None:
+        """A tf.function's graph just traced (graphsync/autosync/functions.py), rewritten as a graph
+        is; one traced under a strategy in which no towers are found is said, never left silent."""
+        with self._lock:
+            options = self.options_for(graph)
+            if options is not None:
+                self._rewrite(graph, label, options, replicated=replicated)
+
+    def _rewrite(self, graph, label: str, options: dict, replicated: bool = False) -> bool:
         """Whether the graph is decided: rewritten, or refused."""
         from graphsync.errors import GraphsyncError, GraphsyncWarning, NoTowersError
         from graphsync.rewrite import rewrite_towers
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", GraphsyncWarning)
             try:
-                self._refuse_if_already_copied(graph, number, options)
+                self._refuse_if_already_copied(graph, label, options)
                 report = rewrite_towers(graph, **options)
             except NoTowersError as exc:   # said by default when scopes look like towers
-                self._say(f"graph {number} left alone: {_one_line(exc)}", verbose_only=not exc.parallel_structure)
+                self.left_alone(graph, label, exc, replicated)
                 return False
             except GraphsyncError as exc:
                 self.failed(graph, _one_line(exc))
@@ -171,20 +179,33 @@ class GraphDecisions:
                         warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
         if report.changed:
             self._synchronized[graph] = options
-            self.rewritten(graph, report)
+            self.rewritten(graph, report, label)
         else:
-            self._say(f"graph {number} left alone: {report.summary}", verbose_only=True)
+            self._say(f"{label} left alone: {report.summary}", verbose_only=True)
         return report.changed
 
     # -- what the user sees ----------------------------------------------------------------
 
-    def rewritten(self, graph, report) -> None:
+    def left_alone(self, graph, label: str, exc, replicated: bool = False) -> None:
+        """A graph without towers: said by default only when its scopes look like towers, or when a
+        distribution strategy traced it (its replicas then train apart: a refusal)."""
+        if replicated:
+            self.failed(graph, f"{label} was traced under a distribution strategy, but graphsync finds no "
+                               f"replicas in it to synchronize: {_one_line(exc)}")
+        else:
+            self._say(f"{label} left alone: {_one_line(exc)}", verbose_only=not exc.parallel_structure)
+
+    def say(self, line: str) -> None:
+        self._say(line)
+
+    def rewritten(self, graph, report, label: str = "") -> None:
         self.reports.append(report)
+        prefix = f"{label}: " if label.startswith("tf.function") else ""
         if self.verbose:
             for line in str(report).splitlines():
-                self._say(line)
+                self._say(prefix + line if line == report.summary else line)
         else:
-            self._say(report.summary)
+            self._say(prefix + report.summary)
             if report.shared_moving:
                 self._say(report.shared_moving)
 

@@ -2,7 +2,7 @@
 unchanged script is decided (graphsync/autosync/decide.py) just before it is first used.
 
 `graphsync run train.py` installs an AutoSync before the script starts. Once TensorFlow is
-imported (by the script, whenever it does), three entry points are patched:
+imported (by the script, whenever it does), four entry points are patched:
 
     BaseSession.__init__  every session class (Session, InteractiveSession, the sessions that
                           MonitoredSession, Supervisor and SessionManager create) on its graph
@@ -12,6 +12,9 @@ imported (by the script, whenever it does), three entry points are patched:
                           copies the graph's new ops into its runtime: a session opened before the
                           towers were built (`with tf.Graph().as_default(), tf.compat.v1.Session()`
                           around the script, an InteractiveSession on its first line) shows them here
+    func_graph_from_py_func
+                          every tf.function trace in TF2 (graphsync/autosync/functions.py): the
+                          traced step, rewritten before TensorFlow makes a function of it
 
 Each hands the graph to `first_use` (or, before a run, `before_run`). The patch table is
 `AutoSync.patch_points()`: a subclass extends it without touching the rest.
@@ -74,8 +77,24 @@ class AutoSync(GraphDecisions):
                 before_run(session)
             return original_extend(session)
 
+        trace_module, trace_name = tf_private.tracing_entry_point()
+        original_trace = getattr(trace_module, trace_name)
+        traced = self.traced
+
+        def trace(*args, **kwargs):
+            strategy, one_replica = _strategy(), _in_one_replica()
+            graph = original_trace(*args, **kwargs)
+            if not one_replica and tf.compat.v1.executing_eagerly_outside_functions():
+                traced(graph, strategy or _strategy())
+            return graph
+
         return [(session_class, "__init__", session_init), (tf.Graph, "finalize", finalize),
-                (session_class, extend, extend_graph)]
+                (session_class, extend, extend_graph), (trace_module, trace_name, trace)]
+
+    def traced(self, graph, strategy) -> None:
+        """A tf.function trace outside any one replica, finished (graphsync/autosync/functions.py)."""
+        from graphsync.autosync import functions
+        functions.traced(self, graph, strategy)
 
     def install(self) -> "AutoSync":
         """Patches TensorFlow now if it is imported, else as soon as it is."""
@@ -130,6 +149,20 @@ class AutoSync(GraphDecisions):
 
 
 _ABSENT = object()
+
+
+def _strategy():
+    """The tf.distribute strategy in scope in this thread, or None for the default one."""
+    import tensorflow as tf
+    return tf.distribute.get_strategy() if tf.distribute.has_strategy() else None
+
+
+def _in_one_replica() -> bool:
+    """Whether this thread runs one replica of several (inside `strategy.run`): what it traces is
+    that replica's part of a step, which the step's own trace holds and rewrites."""
+    import tensorflow as tf
+    context = tf.distribute.get_replica_context()
+    return context is not None and tf.distribute.has_strategy() and context.num_replicas_in_sync > 1
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):

@@ -122,9 +122,9 @@ class BetweenGraphSync(AutoSync):
         timeout = 0.0 if self.heartbeat else self.peer_timeout   # with a heartbeat, it decides who is lost
         return dict(options, strategy="allreduce", process_group=ProcessGroup.of_task(task, timeout))   # watched here
 
-    def rewritten(self, graph, report) -> None:
+    def rewritten(self, graph, report, label: str = "") -> None:
         if report.process_group is None:
-            super().rewritten(graph, report)
+            super().rewritten(graph, report, label)
             return
         from graphsync.errors import GraphsyncError
         task = self.server_task
@@ -135,7 +135,7 @@ class BetweenGraphSync(AutoSync):
         else:
             self._say(f"{task.description}; its towers synchronize with {others} through collectives "
                       f"(group leader {task.leader}, peer timeout {self.peer_timeout:g} s)")
-        super().rewritten(graph, report)
+        super().rewritten(graph, report, label)
         self.guard.steps.graphs.add(graph)
         try:
             self.guard.meet(task, self.server_target, report.fingerprints, self.heartbeat, self.peer_timeout)

@@ -19,7 +19,9 @@ The backward is what flows from a gradient's two kinds of sources:
            forward is: it feeds the loss's reduction at least), and a constant one only when it
            also reaches a kernel (a `1 - momentum` that feeds a moving average reaches none).
 
-An op is in the backward when it is a kernel or a seed, or when one of its data inputs is. Ops
+An op is in the backward when it is a kernel or a seed, or when one of its data inputs is, or when
+only the backward reads it beyond its shape (what a gradient function computes off the forward's
+tensors: a shape, a max's indicators; never the loss, read by nothing but its gradient's Shape). Ops
 added later (graphsync's own backward, spliced beside the gradients it replaces, reads them) are
 judged by the same rule when first asked about.
 """
@@ -37,6 +39,7 @@ _KERNEL_SUFFIXES = ("Grad", "GradV2", "GradV3", "GradGrad")
 _KERNEL_TYPES = frozenset({"BroadcastGradientArgs", "SymbolicGradient", "StackV2", "StackPushV2", "StackPopV2"})
 _FORWARD_MARKS = frozenset({"FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3", "Mean"})
 _FILLS = frozenset({"Fill", "OnesLike"})
+_SHAPES = frozenset({"Shape", "ShapeN", "Size", "Rank"})
 
 _known = weakref.WeakKeyDictionary()   # graph → _Backward, as of the graph version it last saw
 
@@ -69,12 +72,23 @@ class _Backward:
         seeds = [op for op in ops if op not in forward and _is_ones(op)
                  and (op.type in _FILLS or op in reaching_kernels)]
         self.ops = _descendants(kernels + seeds)
+        for op in reversed(ops):   # what a gradient function computes off the forward
+            if op not in self.ops and _read_only_by(op, self.ops):
+                self.ops.add(op)
 
     def extend(self, graph: tf.Graph) -> None:
         for op in tf_private.ops_added_since(graph, self.version):
             if is_kernel_type(op.type) or any(t.op in self.ops for t in op.inputs):
                 self.ops.add(op)
         self.version = graph.version
+
+
+def _read_only_by(op: tf.Operation, backward: set) -> bool:
+    """Whether only the backward reads `op`, beyond its shape: what a gradient function computes
+    off the forward's tensors (a shape, a max's indicators). Its shape alone does not count: the
+    loss, which the script fetches, is read by nothing but its gradient's `Shape`."""
+    consumers = [c for t in op.outputs for c in t.consumers()]
+    return any(c.type not in _SHAPES for c in consumers) and all(c in backward for c in consumers)
 
 
 def _is_ones(op: tf.Operation) -> bool:

@@ -174,6 +174,15 @@ def session_extend_method() -> str:
     return "_extend_graph"
 
 
+def tracing_entry_point() -> tuple:
+    """(module, attribute) of the function every `tf.function` trace goes through, once per trace
+    and retrace: it returns the FuncGraph, built, before TensorFlow makes a function of it (or
+    inlines it into a caller). Control-flow branches, loop bodies and nested tf.functions are traced
+    through it too, inside their caller's trace."""
+    from tensorflow.python.framework import func_graph  # pylint: disable=import-outside-toplevel
+    return func_graph, "func_graph_from_py_func"
+
+
 def session_is_open(session) -> bool:
     return not session._closed  # pylint: disable=protected-access
 

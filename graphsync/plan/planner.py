@@ -11,6 +11,7 @@ import dataclasses
 import tensorflow as tf
 
 from graphsync import match
+from graphsync.graph.backward import is_backward
 from graphsync.errors import GraphsyncError, NoTowersError
 from graphsync.graph import by_type, order, shapes, tf_private
 from graphsync.match import batch_axis, hidden, unfollowed
@@ -43,6 +44,8 @@ def make_plan(graph: tf.Graph, towers=None, device: str | None = None, *, strate
                                unfollowed=_unfollowed(plan, analysis, covered, process_group))
     if not plan.calls:   # else planned again once the calls are inlined
         plan = _refusals(plan, refuse)
+        if refuse:
+            _refuse_unpaired_gradients(plan.layers)
     layers, skipped = _in_forward_order(graph, plan.layers, plan.skipped)
     plan = dataclasses.replace(plan, layers=tuple(layers), skipped=tuple(skipped), strategy=strategy,
                                process_group=process_group, recompute=bool(recompute),
@@ -70,6 +73,39 @@ def _refusals(plan: Plan, refuse: bool) -> Plan:
             raise
         return dataclasses.replace(plan, refused=str(refusal))
     return plan
+
+
+def _refuse_unpaired_gradients(layers) -> None:
+    """A layer whose gradient ops were not found (so that the rewrite would leave the backward to
+    gradients built later) while a backward already reads its statistics: that backward, built by
+    a GradientTape whose ops graphsync cannot pair with the forward yet, would stay per tower."""
+    for layer in layers:
+        if layer.has_gradients or layer.kind != "moments":   # the kinds paired by tf.gradients' scopes
+            continue
+        site = layer.sites[0]
+        starts = [site.op, getattr(getattr(site, "parts", None), "variance", None)]
+        reader = _backward_reader([op for op in starts if op is not None])
+        if reader is not None:
+            raise GraphsyncError(
+                f"{site.op.name} ({layer.kind}): its gradient is already built ({reader.name} reads it) by "
+                "ops graphsync cannot pair with this layer, so the backward would use each tower's own "
+                "statistics; build the gradients after graphsync's rewrite, or use a fused batch norm")
+
+
+def _backward_reader(ops, depth: int = 4):
+    """A backward op reading the outputs of `ops` within `depth` forward ops, or None."""
+    frontier, seen = list(ops), set(ops)
+    for _ in range(depth):
+        following = []
+        for op in frontier:
+            for consumer in (c for t in op.outputs for c in t.consumers()):
+                if is_backward(consumer):
+                    return consumer
+                if consumer not in seen:
+                    seen.add(consumer)
+                    following.append(consumer)
+        frontier = following
+    return None
 
 
 def _unfollowed(plan: Plan, analysis, covered: dict, process_group) -> tuple:

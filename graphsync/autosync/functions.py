@@ -1,0 +1,63 @@
+"""TF2: the training steps `tf.function` traces under a distribution strategy, synchronized as
+they are traced.
+
+MirroredStrategy traces every replica of a step into one FuncGraph: replica 0 unscoped, the others
+under `replica_1/`… on their own devices, each with its own copy of the variables, and the tape's
+gradients already built. That is the layout rewrite_towers knows (towers found by their scopes,
+gradients built before the rewrite), so the FuncGraph is rewritten like a TF1 graph, in place,
+after the trace and before TensorFlow turns it into a function: at every trace and retrace (a new
+input shape, a partial last batch), whoever traces it (tf_keras' and Keras 3's `fit` and
+`train_on_batch`, a custom loop's `strategy.run`).
+
+Every trace outside one replica is looked at: Keras 3's step is a tf.function its `fit` loop
+calls, with `strategy.run` inside. What one replica traces (inside `strategy.run`: a tf.function
+the replica calls, a branch on its training flag) is part of the step being traced around it, which
+the rewrite inlines. Only in TF2 mode: a TF1 graph's functions are rewritten with the graph, at its
+first session.
+
+What cannot be synchronized is said before the first step, like a graph's refusal: a strategy
+graphsync does not support, a step with one replica, a step it cannot rewrite. Functions that
+train nothing (evaluation, prediction) have no batch statistics and are left alone.
+"""
+from __future__ import annotations
+
+# tf.distribute strategies whose replicas graphsync cannot see in one traced step yet: what each
+# would train, said instead of a silent per-replica step
+UNSUPPORTED = {
+    "TPUStrategy": "replicas compiled for TPU cores",
+    "TPUStrategyV2": "replicas compiled for TPU cores",
+    "ParameterServerStrategyV2": "steps scheduled on each worker alone",
+    "ParameterServerStrategy": "steps scheduled on each worker alone",
+    "MultiWorkerMirroredStrategy": "one replica per process in each traced step (not yet supported)",
+    "CollectiveAllReduceStrategy": "one replica per process in each traced step (not yet supported)",
+}
+
+
+def traced(decisions, graph, strategy) -> None:
+    """Decides one FuncGraph just traced outside any one replica (`strategy`: the tf.distribute
+    strategy in scope when the trace began or ended, None for the default)."""
+    from graphsync import match
+    starts = match.starting_types()
+    if starts is not None and not any(op.type in starts for op in graph.get_operations()):
+        return   # no op a batch norm could start from: nothing to say
+    label = f"tf.function {graph.name}"
+    kind = type(strategy).__name__ if strategy is not None else None
+    trains = _trains_batch_norm(graph)
+    if kind in UNSUPPORTED and trains:
+        decisions.failed(graph, f"{label} runs under {kind} ({UNSUPPORTED[kind]}): its batch norms would "
+                                "use each replica's statistics; graphsync synchronizes MirroredStrategy steps")
+        return
+    if strategy is not None and strategy.num_replicas_in_sync == 1 and trains:
+        decisions.say(f"{label}: one replica under {kind}: its batch norms already see the whole batch")
+        return
+    decisions.decide_function(graph, label, replicated=strategy is not None and trains)
+
+
+def _trains_batch_norm(graph) -> bool:
+    """Whether the step itself computes batch statistics (a batch norm in training mode, moments),
+    not only functions it calls (a step that calls another step traced and rewritten before it)."""
+    from graphsync import match
+    try:
+        return bool(match.candidates(graph))
+    except Exception:  # noqa: BLE001 - a graph the matchers cannot read is said by the rewrite
+        return True

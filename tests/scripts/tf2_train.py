@@ -1,0 +1,155 @@
+"""A TF2 training script that knows nothing of graphsync (unless --autosync adds the one line): a small conv net with batch norm trained
+for a few steps under tf.distribute.MirroredStrategy, then the same steps on one device without
+a strategy (the reference: the whole batch on one device).
+
+    python tf2_train.py OUT.npz --api fit|loop|keras3 --devices N [options]
+
+`--api fit` trains with tf_keras' model.fit, `loop` with a custom loop (strategy.run of a
+tf.function step with a GradientTape, loss averaged over the global batch), `keras3` with Keras
+3's model.fit. OUT.npz holds, for the strategy run and the reference: every weight after the
+steps, and the moving mean and variance of every batch norm as each replica holds them.
+"""
+import argparse
+import os
+import sys
+
+parser = argparse.ArgumentParser()
+parser.add_argument("out")
+parser.add_argument("--api", choices=["fit", "loop", "keras3"], default="fit")
+parser.add_argument("--devices", type=int, default=2)
+parser.add_argument("--batch", type=int, default=8, help="global batch")
+parser.add_argument("--examples", type=int, default=24, help="a partial last batch when not a multiple of --batch")
+parser.add_argument("--flag", choices=["python", "tensor"], default="python", help="the loop's training flag")
+parser.add_argument("--channels-first", action="store_true")
+parser.add_argument("--mixed", action="store_true", help="mixed_float16")
+parser.add_argument("--nested", action="store_true", help="the batch norms inside a nested model and a custom layer")
+parser.add_argument("--synchronized", action="store_true", help="Keras' own synchronized batch norm")
+parser.add_argument("--autosync", action="store_true", help="the one line: graphsync.autosync() first")
+args = parser.parse_args()
+if args.autosync:
+    import graphsync
+    graphsync.autosync()
+
+if args.api != "keras3":
+    os.environ["TF_USE_LEGACY_KERAS"] = "1"
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+if args.api == "keras3":
+    import keras
+else:
+    import tf_keras as keras
+
+cpus = tf.config.list_physical_devices("CPU")
+tf.config.set_logical_device_configuration(cpus[0], [tf.config.LogicalDeviceConfiguration()] * max(args.devices, 1))
+if args.mixed:
+    keras.mixed_precision.set_global_policy("mixed_float16")
+axis = 1 if args.channels_first else -1
+data_format = "channels_first" if args.channels_first else "channels_last"
+
+
+class Block(keras.layers.Layer):
+    """A custom layer holding a batch norm."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.conv = keras.layers.Conv2D(4, 3, padding="same", data_format=data_format)
+        self.bn = keras.layers.BatchNormalization(axis=axis, synchronized=args.synchronized)
+
+    def call(self, x, training=None):
+        return tf.nn.relu(self.bn(self.conv(x), training=training))
+
+
+def build():
+    keras.utils.set_random_seed(1)
+    shape = (3, 8, 8) if args.channels_first else (8, 8, 3)
+    inputs = keras.Input(shape)
+    h = keras.layers.Conv2D(6, 3, data_format=data_format)(inputs)
+    h = keras.layers.BatchNormalization(axis=axis, synchronized=args.synchronized)(h)
+    h = keras.layers.ReLU()(h)
+    if args.nested:
+        inner_in = keras.Input(h.shape[1:])
+        inner = keras.Model(inner_in, Block()(inner_in), name="inner")
+        h = inner(h)
+    else:
+        h = keras.layers.Conv2D(4, 3, padding="same", data_format=data_format)(h)
+        h = keras.layers.BatchNormalization(axis=axis, momentum=0.9, synchronized=args.synchronized)(h)
+        h = keras.layers.ReLU()(h)
+    h = keras.layers.GlobalAveragePooling2D(data_format=data_format)(h)
+    outputs = keras.layers.Dense(2, dtype="float32")(h)
+    return keras.Model(inputs, outputs)
+
+
+rng = np.random.RandomState(0)
+x = rng.normal(1.0, 2.0, (args.examples, 8, 8, 3)).astype("float32")
+if args.channels_first:
+    x = x.transpose(0, 3, 1, 2).copy()
+y = rng.normal(size=(args.examples, 2)).astype("float32")
+
+
+def batch_norms(model):
+    """Every batch norm, nested ones included, in the model's order."""
+    return [layer for layer in model._flatten_layers(include_self=False, recursive=True)
+            if isinstance(layer, keras.layers.BatchNormalization)]
+
+
+def replica_values(variable):
+    """Each replica's copy of a variable (one when not distributed)."""
+    v = getattr(variable, "_value", variable)   # Keras 3 wraps the tf.Variable
+    return [np.array(t.numpy()) for t in getattr(v, "values", [v])]
+
+
+def train(strategy):
+    with strategy.scope():
+        model = build()
+        optimizer = keras.optimizers.SGD(0.1)
+        if args.api != "loop":
+            model.compile(optimizer, "mse")
+    if args.api != "loop":
+        model.fit(x, y, batch_size=args.batch, epochs=1, verbose=0, shuffle=False)
+    else:
+        dataset = strategy.experimental_distribute_dataset(
+            tf.data.Dataset.from_tensor_slices((x, y)).batch(args.batch))
+        flag = tf.constant(True) if args.flag == "tensor" else True
+
+        def step(xb, yb):
+            with tf.GradientTape() as tape:
+                out = model(xb, training=flag)
+                per_example = tf.reduce_mean(tf.square(tf.cast(out, tf.float32) - yb), axis=1)
+                loss = tf.nn.compute_average_loss(per_example, global_batch_size=args.batch)
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            return loss
+
+        @tf.function
+        def train_step(xb, yb):
+            return strategy.run(step, args=(xb, yb))
+
+        for xb, yb in dataset:
+            train_step(xb, yb)
+    weights = [np.array(w) for w in model.get_weights()]
+    moving = [[replica_values(bn.moving_mean), replica_values(bn.moving_variance)] for bn in batch_norms(model)]
+    return weights, moving
+
+
+if args.devices >= 1:
+    devices = [f"/cpu:{i}" for i in range(args.devices)]
+    distributed = train(tf.distribute.MirroredStrategy(devices))
+else:
+    distributed = None
+with tf.device("/cpu:0"):
+    reference = train(tf.distribute.get_strategy())
+
+result = {}
+for tag, run in (("strategy", distributed), ("reference", reference)):
+    if run is None:
+        continue
+    weights, moving = run
+    for i, w in enumerate(weights):
+        result[f"{tag}/weight_{i}"] = w
+    for i, (means, variances) in enumerate(moving):
+        for r, (m, v) in enumerate(zip(means, variances)):
+            result[f"{tag}/bn_{i}/replica_{r}/mean"] = m
+            result[f"{tag}/bn_{i}/replica_{r}/variance"] = v
+np.savez(args.out, **result)
+print(f"trained {len(reference[0])} weights, {len(reference[1])} batch norms", file=sys.stderr)

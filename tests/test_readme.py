@@ -38,7 +38,8 @@ def test_readme_shows_the_four_ways_in():
     for way in (["graphsync", "run"], ["graphsync", "rewrite"], ["graphsync", "inspect"], ["graphsync", "verify"]):
         assert way in commands, f"README shows no `{' '.join(way)}`"
     python = [body for lang, body, _, _ in test_docs.blocks(README) if lang == "python"]
-    assert any("rewrite_towers(" in body for body in python) and any("SyncBatchNormHook(" in body for body in python)
+    assert any("rewrite_towers(" in body for body in python) and "SyncBatchNormHook()" in text
+    assert "graphsync.autosync()" in text   # TF2 steps, and scripts not started by graphsync run
     assert "(docs/training_run.png)" in text and os.path.isfile(os.path.join(ROOT, "docs", "training_run.png"))
     assert "## Glossary" in text
 

@@ -42,7 +42,9 @@ def traced(decisions, graph, strategy) -> None:
         return   # no op a batch norm could start from: nothing to say
     label = f"tf.function {graph.name}"
     kind = type(strategy).__name__ if strategy is not None else None
-    trains = _trains_batch_norm(graph)
+    from graphsync.graph import tf_private
+    with tf_private.tensors_compared_as_nodes():
+        trains = _trains_batch_norm(graph)
     if kind in UNSUPPORTED and trains:
         decisions.failed(graph, f"{label} runs under {kind} ({UNSUPPORTED[kind]}): its batch norms would "
                                 "use each replica's statistics; graphsync synchronizes MirroredStrategy steps")
@@ -50,7 +52,9 @@ def traced(decisions, graph, strategy) -> None:
     if strategy is not None and strategy.num_replicas_in_sync == 1 and trains:
         decisions.say(f"{label}: one replica under {kind}: its batch norms already see the whole batch")
         return
-    decisions.decide_function(graph, label, replicated=strategy is not None and trains)
+    from graphsync.graph import tf_private
+    with tf_private.tensors_compared_as_nodes():
+        decisions.decide_function(graph, label, replicated=strategy is not None and trains)
 
 
 def _trains_batch_norm(graph) -> bool:

@@ -15,6 +15,9 @@ imported (by the script, whenever it does), four entry points are patched:
     func_graph_from_py_func
                           every tf.function trace in TF2 (graphsync/autosync/functions.py): the
                           traced step, rewritten before TensorFlow makes a function of it
+    imperative_grad, the gradient registry's lookup
+                          a GradientTape's backward: which forward op each of its gradient
+                          functions differentiates (graphsync/graph/tape.py)
 
 Each hands the graph to `first_use` (or, before a run, `before_run`). The patch table is
 `AutoSync.patch_points()`: a subclass extends it without touching the rest.
@@ -88,8 +91,9 @@ class AutoSync(GraphDecisions):
                 traced(graph, strategy or _strategy())
             return graph
 
+        from graphsync.graph import tape
         return [(session_class, "__init__", session_init), (tf.Graph, "finalize", finalize),
-                (session_class, extend, extend_graph), (trace_module, trace_name, trace)]
+                (session_class, extend, extend_graph), (trace_module, trace_name, trace)] + tape.patch_points()
 
     def traced(self, graph, strategy) -> None:
         """A tf.function trace outside any one replica, finished (graphsync/autosync/functions.py)."""

@@ -6,5 +6,6 @@
     shapes      static shapes as plain ints and None, whichever TensorFlow behaviour built them
     op_types    op types several stages recognize (collectives)
     backward    which ops belong to a backward pass, by structure (never by a scope's name)
+    tape        which forward op each of a GradientTape's gradient functions differentiated
     ref_races   reads of TF1 ref variables that race their own update in one step
 """

@@ -183,6 +183,32 @@ def tracing_entry_point() -> tuple:
     return func_graph, "func_graph_from_py_func"
 
 
+def gradient_registry():
+    """The registry every gradient function is looked up in, by op type, when tf.gradients or a
+    GradientTape differentiates an op (`lookup(op_type)`, called once per op differentiated)."""
+    return _tf_ops._gradient_registry  # pylint: disable=protected-access
+
+
+def tape_gradient_entry_point() -> tuple:
+    """(module, attribute) of the function every GradientTape.gradient call (and
+    tf.autodiff.ForwardAccumulator's, jvp's) runs the backward through."""
+    from tensorflow.python.eager import imperative_grad  # pylint: disable=import-outside-toplevel
+    return imperative_grad, "imperative_grad"
+
+
+@contextlib.contextmanager
+def tensors_compared_as_nodes():
+    """Within: `==` between tensors is identity and tensors hash, as in TF1 graphs. TF2 makes `==`
+    an elementwise op (it would add an Equal op to the graph being rewritten, or fail on dtypes) and
+    tensors unhashable; graphsync's graph code compares tensors as graph nodes."""
+    saved = tf.Tensor._USE_EQUALITY  # pylint: disable=protected-access
+    tf.Tensor._USE_EQUALITY = False  # pylint: disable=protected-access
+    try:
+        yield
+    finally:
+        tf.Tensor._USE_EQUALITY = saved  # pylint: disable=protected-access
+
+
 def session_is_open(session) -> bool:
     return not session._closed  # pylint: disable=protected-access
 

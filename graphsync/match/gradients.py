@@ -1,47 +1,32 @@
-"""Finding the gradient calls through a forward op by the scopes TensorFlow names after it, and
-the gradient arriving at it: `tf.gradients` builds the gradient function of op F under
-`…/gradients[_N]/F_grad/…`, TF2's GradientTape under `…/gradient_tape[_N]/F/…`. Which ops are in a
-backward at all is decided by structure (graphsync/graph/backward.py); these scopes only pair a
-gradient function's ops with the forward op they differentiate, as TensorFlow itself named them."""
+"""Finding the gradient calls through a forward op, and the gradient arriving at it: `tf.gradients`
+builds the gradient function of op F under `…/gradients[_N]/F_grad/…`; a GradientTape's are
+recorded as it builds them (graphsync/graph/tape.py). Which ops are in a backward at all is decided
+by structure (graphsync/graph/backward.py); this only pairs a gradient function's ops with the
+forward op they differentiate."""
 from __future__ import annotations
 
 import re
 
 import tensorflow as tf
 
+from graphsync.graph import tape
+
 SHAPE_TYPES = ("Shape", "ShapeN", "Size", "Rank")
 _GRAD_SCOPE = re.compile(r"^(?P<call>(?:.*/)?gradients(?:_\d+)?)/(?P<forward>.+?)_grad/")
-_TAPE_SCOPE = re.compile(r"^(?P<call>(?:.*/)?gradient_tape(?:_\d+)?)/(?P<rest>.+)/[^/]+$")
 
 
 def gradient_scopes(graph: tf.Graph) -> dict:
     """forward op name → {gradient call prefix → ops of its gradient function}, from the scopes
     `tf.gradients` names after the op it differentiates."""
     scopes: dict = {}
-    names = None
     for op in graph.get_operations():
         found = _GRAD_SCOPE.match(op.name)
         if found:
             scopes.setdefault(found.group("forward"), {}).setdefault(found.group("call"), []).append(op)
-            continue
-        found = _TAPE_SCOPE.match(op.name)
-        if found:
-            if names is None:
-                names = {o.name for o in graph.get_operations()}
-            forward = _tape_forward(found.group("rest"), names)
-            if forward is not None:
-                scopes.setdefault(forward, {}).setdefault(found.group("call"), []).append(op)
+    for forward, calls in tape.recorded(graph).items():
+        for call, ops in calls.items():
+            scopes.setdefault(forward, {}).setdefault(call, []).extend(ops)
     return scopes
-
-
-def _tape_forward(rest: str, names: set) -> str | None:
-    """The forward op a tape's gradient op was built for: the longest leading part of its scope
-    that names an op (a gradient function may open scopes of its own under it)."""
-    while rest:
-        if rest in names:
-            return rest
-        rest = rest.rpartition("/")[0]
-    return None
 
 
 def gradient_entry(grad_ops: list, forward_inputs) -> tf.Tensor | None:

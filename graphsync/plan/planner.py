@@ -414,7 +414,7 @@ def _moments_grads(cand, scopes) -> list[MomentsGrad]:
             if entry is not None and parts.statistics is not None:
                 entries += [entry, match.entry_readers(entry, call, scopes, parts.statistics)]
             else:
-                entries += [entry, tuple(o for o in ops if entry is not None and entry in list(o.inputs))]
+                entries += [entry, tuple(o for o in ops if entry is not None and any(entry is t for t in o.inputs))]
         shifted = parts.shifted_mean
         readers = tuple(o for o in scopes.get(parts.square.name, {}).get(call, [])
                         if any(t is shifted for t in o.inputs)) if shifted is not None else ()

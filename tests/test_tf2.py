@@ -143,6 +143,17 @@ def test_the_one_line_api_synchronizes_a_script_run_by_python(tmp_path):
     assert max(error(arrays)) < SYNCED, error(arrays)
 
 
+def test_layers_keras_synchronizes_are_left_alone_and_said(tmp_path):
+    """tf_keras' synchronized=True: Keras all-reduces its own sums; graphsync adds nothing, says so,
+    and the step still equals one device."""
+    runs = _train(tmp_path, ["--api", "fit", "--devices", "2", "--synchronized"], runs=("graphsync",))
+    result, arrays = runs["graphsync"]
+    assert result.returncode == 0 and arrays is not None, result.stderr[-3000:]
+    lines = _lines(result.stderr)
+    assert lines and all("merged across replicas by the model itself" in line for line in lines), lines
+    assert max(error(arrays)) < SYNCED, error(arrays)
+
+
 def test_one_replica_is_said(tmp_path):
     runs = _train(tmp_path, ["--api", "fit", "--devices", "1"], runs=("graphsync",))
     result, arrays = runs["graphsync"]

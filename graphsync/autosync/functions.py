@@ -16,8 +16,9 @@ the rewrite inlines. Only in TF2 mode: a TF1 graph's functions are rewritten wit
 first session.
 
 What cannot be synchronized is said before the first step, like a graph's refusal: a strategy
-graphsync does not support, a step with one replica, a step it cannot rewrite. Functions that
-train nothing (evaluation, prediction) have no batch statistics and are left alone.
+graphsync does not support, a step with one replica, a step it cannot rewrite; and a step whose
+batch norms the model already synchronizes (Keras' `synchronized=True`) is left alone, said.
+Functions that train nothing (evaluation, prediction) have no batch statistics and are left alone.
 """
 from __future__ import annotations
 
@@ -52,6 +53,12 @@ def traced(decisions, graph, strategy) -> None:
     if strategy is not None and strategy.num_replicas_in_sync == 1 and trains:
         decisions.say(f"{label}: one replica under {kind}: its batch norms already see the whole batch")
         return
+    if not trains and (strategy is not None or _on_several_devices(graph)):
+        merged = _merged_by_the_model(graph)
+        if merged:
+            decisions.say(f"{label}: left alone: its {merged} batch statistics are merged across replicas by the "
+                          "model itself (Keras' synchronized=True)")
+            return
     from graphsync.graph import tf_private
     with tf_private.tensors_compared_as_nodes():
         decisions.decide_function(graph, label, replicated=strategy is not None and trains)
@@ -65,3 +72,20 @@ def _trains_batch_norm(graph) -> bool:
         return bool(match.candidates(graph))
     except Exception:  # noqa: BLE001 - a graph the matchers cannot read is said by the rewrite
         return True
+
+
+def _merged_by_the_model(graph) -> int:
+    """How many batch statistics the step already merges across replicas itself (an all-reduce
+    of local sums: Keras' synchronized batch norm)."""
+    from graphsync.match import batch_axis
+    from graphsync.graph import tf_private
+    with tf_private.tensors_compared_as_nodes():
+        analysis = batch_axis.analyze(graph)
+        return sum(batch_axis.verdict(analysis, crossed)[0] == batch_axis.SYNCHRONIZED
+                   for crossed in analysis.cross.values())
+
+
+def _on_several_devices(graph) -> bool:
+    """Whether the step runs on several devices (Keras 3 traces its step outside the strategy's
+    scope: this is how its replicas show)."""
+    return len({op.device for op in graph.get_operations() if op.device}) > 1

@@ -20,7 +20,7 @@ import graphsync
 import tiers
 import towerlib as tl
 from graphsync.graph.backward import is_backward
-from graphsync.match import batch_axis
+from graphsync import batch_axis
 
 tf1 = tf.compat.v1
 BATCHES = (2, 3, 4)

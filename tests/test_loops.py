@@ -22,7 +22,7 @@ import graphsync
 import tiers
 import towerlib as tl
 from conditional_models import control_flow
-from graphsync.match import batch_axis
+from graphsync import batch_axis
 
 tf1 = tf.compat.v1
 BATCHES = (2, 3, 4)

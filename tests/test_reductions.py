@@ -21,7 +21,7 @@ import tensorflow as tf
 import graphsync
 import tiers
 import towerlib as tl
-from graphsync.match import batch_axis
+from graphsync import batch_axis
 
 tf1 = tf.compat.v1
 BATCHES = (2, 3, 4)

@@ -13,7 +13,7 @@ import tensorflow as tf
 
 import graphsync
 import towerlib as tl
-from graphsync.match import batch_axis
+from graphsync import batch_axis
 from graphsync.plan import rule
 from graphsync.towers.scopes import find_towers
 

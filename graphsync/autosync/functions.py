@@ -77,7 +77,7 @@ def _trains_batch_norm(graph) -> bool:
 def _merged_by_the_model(graph) -> int:
     """How many batch statistics the step already merges across replicas itself (an all-reduce
     of local sums: Keras' synchronized batch norm)."""
-    from graphsync.match import batch_axis
+    from graphsync import batch_axis
     from graphsync.graph import tf_private
     with tf_private.tensors_compared_as_nodes():
         analysis = batch_axis.analyze(graph)

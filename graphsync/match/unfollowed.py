@@ -19,17 +19,15 @@ and is not repeated here; one a batch-norm form covers is synchronized either wa
 from __future__ import annotations
 
 import dataclasses
-import re
 
 import tensorflow as tf
 
+from graphsync import batch_axis
 from graphsync.errors import GraphsyncError
-from graphsync.match import batch_axis
 from graphsync.match.hidden import is_inlined
 from graphsync.graph.backward import is_backward
 
 REDUCING = batch_axis.REDUCTION_TYPES | batch_axis.ORDER_TYPES
-_NO_RULE = re.compile(re.escape(batch_axis.NO_RULE) + r" (\S+)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,12 +38,12 @@ class Unfollowed:
     type: str
     end: str
     why: str
+    unknown_type: dataclasses.InitVar[str | None] = None
 
-    @property
-    def unknown_type(self) -> str | None:
-        """The op type without a rule that ended the trace, if that is why it ended."""
-        found = _NO_RULE.search(self.why)
-        return found.group(1) if found else None
+    def __post_init__(self, unknown_type):
+        # The op type without a rule that ended the trace, if that is why it ended (the end's
+        # Ended.no_rule_for): an attribute, not a field, so `graphsync inspect --json` lists the same keys.
+        object.__setattr__(self, "unknown_type", unknown_type)
 
     def line(self) -> str:
         if self.op == self.end:
@@ -60,7 +58,7 @@ def unfollowed(analysis, in_tower, covered=frozenset(), budget: int = 200_000) -
     reads back, in the graph's order of the walk, then the ends read back that no reduction past
     them names; those `covered` (synchronized by a form) left out. One walk from every end at
     once: each op is visited once, whatever the number of ends."""
-    ends = {op: why for op, why in analysis.ended if in_tower(op)}
+    ends = {end.op: end for end in analysis.ended if in_tower(end.op)}
     origin = {op: op for op in ends}
     stack, found = list(ends), []
     while stack and budget > 0:
@@ -75,10 +73,10 @@ def unfollowed(analysis, in_tower, covered=frozenset(), budget: int = 200_000) -
                 if reader.type in REDUCING and reader not in covered and reader not in analysis.cross \
                         and not analysis.carries(reader.inputs[0]) and _read_back(reader):
                     end = origin[reader]
-                    found.append(Unfollowed(reader.name, reader.type, end.name, ends[end]))
+                    found.append(Unfollowed(reader.name, reader.type, end.name, ends[end].why, ends[end].no_rule_for))
     said = {u.end for u in found}
-    found += [Unfollowed(op.name, op.type, op.name, why) for op, why in ends.items()   # the end may combine
-              if op.name not in said and op not in covered and _read_back(op)]     # examples itself
+    found += [Unfollowed(op.name, op.type, op.name, end.why, end.no_rule_for) for op, end in ends.items()
+              if op.name not in said and op not in covered and _read_back(op)]   # the end may combine examples itself
     return found
 
 

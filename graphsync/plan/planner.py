@@ -10,11 +10,11 @@ import dataclasses
 
 import tensorflow as tf
 
-from graphsync import match
+from graphsync import batch_axis, match
 from graphsync.graph.backward import is_backward
 from graphsync.errors import GraphsyncError, NoTowersError
 from graphsync.graph import by_type, order, shapes, tf_private
-from graphsync.match import batch_axis, hidden, unfollowed
+from graphsync.match import hidden, unfollowed
 from graphsync.match.candidate import MomentsParts
 from graphsync.plan import reductions, rule, shared_tasks, training_flag
 from graphsync.plan.data import LayerPlan, MomentsGrad, Plan, Site

@@ -20,9 +20,10 @@ import dataclasses
 
 import tensorflow as tf
 
+from graphsync import batch_axis
 from graphsync.errors import GraphsyncError
 from graphsync.graph import tf_private
-from graphsync.match import batch_axis, conditional
+from graphsync.match import conditional
 from graphsync.match.candidate import MomentsParts, PerTower
 from graphsync.match.fused import made_by_graphsync
 from graphsync.match.reductions import statistics_ops

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from graphsync.match import batch_axis
+from graphsync import batch_axis
 from graphsync.graph.backward import is_backward
 
 _SIZES = frozenset({"Shape", "ShapeN", "Size"})

@@ -1,0 +1,38 @@
+"""Walks forward from an op that the verdicts take, and other packages borrow (graphsync/match/
+unfollowed.py, graphsync/plan/tower_dependent.py): the forward readers downstream of an op, and
+whether an op takes one of the model's variables in."""
+from __future__ import annotations
+
+import tensorflow as tf
+
+from graphsync.graph.backward import is_backward
+
+_VARIABLES = frozenset({"VariableV2", "Variable", "VarHandleOp", "ReadVariableOp", "ResourceGather"})
+
+
+def forward_readers(op: tf.Operation, enter, budget: int = 400):
+    """Each forward op downstream of `op`, once (gradient ops left out), walked on past those for
+    which `enter(reader)` holds; at most `budget` of them."""
+    seen, stack = {op}, [op]
+    while stack and budget > 0:
+        for t in stack.pop().outputs:
+            for reader in t.consumers():
+                if reader in seen or is_backward(reader):
+                    continue
+                seen.add(reader)
+                budget -= 1
+                yield reader
+                if enter(reader):
+                    stack.append(reader)
+
+
+def reads_variable(op: tf.Operation, depth: int = 3) -> bool:
+    """Whether `op` takes one of the model's variables in (through a few reads, casts, reshapes)."""
+    frontier = [t.op for t in op.inputs]
+    for _ in range(depth):
+        if any(o.type in _VARIABLES for o in frontier):
+            return True
+        frontier = [t.op for o in frontier if o.type in ("Identity", "Cast", "Enter", "Switch", "ReadVariableOp",
+                                                          "Reshape", "ExpandDims")
+                    for t in o.inputs]
+    return any(o.type in _VARIABLES for o in frontier)

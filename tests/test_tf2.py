@@ -159,3 +159,31 @@ def test_one_replica_is_said(tmp_path):
     result, arrays = runs["graphsync"]
     assert result.returncode == 0 and arrays is not None, result.stderr[-2000:]
     assert any("one replica" in line for line in _lines(result.stderr)), result.stderr[-2000:]
+
+
+def test_multi_worker_processes_equal_one_device_and_plain_python_does_not(tmp_path):
+    """MultiWorkerMirroredStrategy, 2 worker processes on loopback (TF_CONFIG), tf_keras model.fit:
+    each worker's replicas synchronize with the other's through collectives."""
+    import json
+
+    import cluster
+    started = []
+    for run in ("graphsync", "python"):
+        spec = cluster.cluster_spec({"worker": 2})
+        for index in range(2):
+            out = str(tmp_path / f"{run}_{index}.npz")
+            env = dict(_env(), TF_CONFIG=json.dumps({"cluster": spec, "task": {"type": "worker", "index": index}}))
+            command = (_graphsync() + ["run"] if run == "graphsync" else [sys.executable]) + \
+                [SCRIPT, out, "--api", "fit", "--multiworker"]
+            started.append((run, index, out, subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                                              stderr=subprocess.PIPE, text=True)))
+    for run, index, out, process in started:
+        _, stderr = process.communicate(timeout=600)
+        assert process.returncode == 0 and os.path.exists(out), (run, index, stderr[-3000:])
+        synced, plain = run == "graphsync", dict(np.load(out))
+        if synced:
+            lines = _lines(stderr)
+            assert len(lines) == 2 and "across 2 worker processes" in lines[1], lines
+            assert max(error(plain)) < SYNCED, (index, error(plain))
+        else:
+            assert max(error(plain)) > UNSYNCED, (index, error(plain))

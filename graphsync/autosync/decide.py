@@ -51,6 +51,7 @@ class GraphDecisions:
         self._synchronized = weakref.WeakKeyDictionary()  # graph rewritten here → the options it was rewritten with
         self._lock = threading.RLock()
         self._copies = SessionCopies()
+        self._said_traces: set = set()   # (function, summary) said once (autosync/functions.py)
 
     # -- the per-graph decision ------------------------------------------------------------
 
@@ -142,11 +143,12 @@ class GraphDecisions:
                 "and that session (still open) would ignore the rewrite: build every tower before the first "
                 "run, or call graphsync.rewrite_towers() once they are built and run them in a new session")
 
-    def decide_function(self, graph, label: str, replicated: bool) -> None:
+    def decide_function(self, graph, label: str, replicated: bool, options: dict | None = None) -> None:
         """A tf.function's graph just traced (graphsync/autosync/functions.py), rewritten as a graph
-        is; one traced under a strategy in which no towers are found is said, never left silent."""
+        is (with `options`, when given, instead of options_for's); one traced under a strategy in
+        which no towers are found is said, never left silent."""
         with self._lock:
-            options = self.options_for(graph)
+            options = self.options_for(graph) if options is None else options
             if options is not None:
                 self._rewrite(graph, label, options, replicated=replicated)
 
@@ -201,6 +203,10 @@ class GraphDecisions:
     def rewritten(self, graph, report, label: str = "") -> None:
         self.reports.append(report)
         prefix = f"{label}: " if label.startswith("tf.function") else ""
+        if prefix and not self.verbose:   # a retrace synchronized as the trace before it: said once
+            if (prefix, report.summary) in self._said_traces:
+                return
+            self._said_traces.add((prefix, report.summary))
         if self.verbose:
             for line in str(report).splitlines():
                 self._say(prefix + line if line == report.summary else line)

@@ -15,6 +15,11 @@ the replica calls, a branch on its training flag) is part of the step being trac
 the rewrite inlines. Only in TF2 mode: a TF1 graph's functions are rewritten with the graph, at its
 first session.
 
+MultiWorkerMirroredStrategy traces each worker's replicas in its own process: they are synchronized
+with every other worker's through cross-process collectives (strategy "allreduce" with the
+worker's ProcessGroup, ranked as TF_CONFIG ranks the training tasks), in the collective runtime the
+strategy itself configured.
+
 What cannot be synchronized is said before the first step, like a graph's refusal: a strategy
 graphsync does not support, a step with one replica, a step it cannot rewrite; and a step whose
 batch norms the model already synchronizes (Keras' `synchronized=True`) is left alone, said.
@@ -29,9 +34,10 @@ UNSUPPORTED = {
     "TPUStrategyV2": "replicas compiled for TPU cores",
     "ParameterServerStrategyV2": "steps scheduled on each worker alone",
     "ParameterServerStrategy": "steps scheduled on each worker alone",
-    "MultiWorkerMirroredStrategy": "one replica per process in each traced step (not yet supported)",
-    "CollectiveAllReduceStrategy": "one replica per process in each traced step (not yet supported)",
 }
+# one process per worker, each tracing its own replicas: synchronized with every other worker's
+# through cross-process collectives, as between-graph TF1 workers are (graphsync/exchange/allreduce.py)
+MULTI_WORKER = ("MultiWorkerMirroredStrategy", "CollectiveAllReduceStrategy")
 
 
 def traced(decisions, graph, strategy) -> None:
@@ -59,9 +65,27 @@ def traced(decisions, graph, strategy) -> None:
             decisions.say(f"{label}: left alone: its {merged} batch statistics are merged across replicas by the "
                           "model itself (Keras' synchronized=True)")
             return
+    options = dict(decisions.options)   # a TF1 server's TF_CONFIG logic (autosync/worker.py) is not a trace's
+    if kind in MULTI_WORKER:
+        group = _process_group(strategy)
+        if group is not None:
+            options = dict(decisions.options, strategy="allreduce", process_group=group)
     from graphsync.graph import tf_private
     with tf_private.tensors_compared_as_nodes():
-        decisions.decide_function(graph, label, replicated=strategy is not None and trains)
+        decisions.decide_function(graph, label, replicated=strategy is not None and trains, options=options)
+
+
+def _process_group(strategy):
+    """The ProcessGroup of this worker among a MultiWorkerMirroredStrategy's training processes
+    (chief first, then the workers, as TF_CONFIG ranks them), or None for a single worker."""
+    from graphsync.between_graph.process_group import ProcessGroup
+    resolver = strategy.cluster_resolver
+    cluster = resolver.cluster_spec().as_dict() if resolver is not None else {}
+    chiefs, workers = len(cluster.get("chief", ())), len(cluster.get("worker", ()))
+    if chiefs + workers < 2:
+        return None
+    rank = 0 if resolver.task_type == "chief" else chiefs + int(resolver.task_id)
+    return ProcessGroup(chiefs + workers, rank)
 
 
 def _trains_batch_norm(graph) -> bool:

@@ -128,6 +128,14 @@ class BetweenGraphSync(AutoSync):
             return
         from graphsync.errors import GraphsyncError
         task = self.server_task
+        if task is None:   # a TF2 strategy's workers: the strategy set up their collectives, and watches them
+            if (f"{label}: ", report.summary) in self._said_traces:
+                return
+            tasks, index = report.process_group[:2]
+            others = f"the other {tasks - 1} workers" if tasks > 2 else "the other worker"
+            self._say(f"process {index + 1} of {tasks}; its replicas synchronize with {others} through collectives")
+            super().rewritten(graph, report, label)
+            return
         others = f"the other {task.tasks - 1} workers" if task.tasks > 2 else "the other worker"
         if report.strategy == "ps":
             self._say(f"{task.description}; its towers synchronize with {others} through queues on "

@@ -16,7 +16,9 @@ import sys
 parser = argparse.ArgumentParser()
 parser.add_argument("out")
 parser.add_argument("--api", choices=["fit", "loop", "keras3"], default="fit")
-parser.add_argument("--devices", type=int, default=2)
+parser.add_argument("--devices", type=int, default=2, help="MirroredStrategy's; 0: none (the reference only)")
+parser.add_argument("--multiworker", action="store_true",
+                    help="MultiWorkerMirroredStrategy over TF_CONFIG's workers instead (one replica each)")
 parser.add_argument("--batch", type=int, default=8, help="global batch")
 parser.add_argument("--examples", type=int, default=24, help="a partial last batch when not a multiple of --batch")
 parser.add_argument("--flag", choices=["python", "tensor"], default="python", help="the loop's training flag")
@@ -40,8 +42,11 @@ if args.api == "keras3":
 else:
     import tf_keras as keras
 
-cpus = tf.config.list_physical_devices("CPU")
-tf.config.set_logical_device_configuration(cpus[0], [tf.config.LogicalDeviceConfiguration()] * max(args.devices, 1))
+if args.multiworker:
+    multiworker = tf.distribute.MultiWorkerMirroredStrategy()   # before anything touches the runtime
+else:
+    cpus = tf.config.list_physical_devices("CPU")
+    tf.config.set_logical_device_configuration(cpus[0], [tf.config.LogicalDeviceConfiguration()] * max(args.devices, 1))
 if args.mixed:
     keras.mixed_precision.set_global_policy("mixed_float16")
 axis = 1 if args.channels_first else -1
@@ -99,13 +104,22 @@ def replica_values(variable):
     return [np.array(t.numpy()) for t in getattr(v, "values", [v])]
 
 
+def multiworker_or_none():
+    return multiworker if args.multiworker else None
+
+
 def train(strategy):
     with strategy.scope():
         model = build()
         optimizer = keras.optimizers.SGD(0.1)
         if args.api != "loop":
             model.compile(optimizer, "mse")
-    if args.api != "loop":
+    if args.api != "loop" and strategy is multiworker_or_none():
+        options = tf.data.Options()   # each worker its share of every global batch
+        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+        model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(args.batch).with_options(options),
+                  epochs=1, verbose=0)
+    elif args.api != "loop":
         model.fit(x, y, batch_size=args.batch, epochs=1, verbose=0, shuffle=False)
     else:
         dataset = strategy.experimental_distribute_dataset(
@@ -132,7 +146,9 @@ def train(strategy):
     return weights, moving
 
 
-if args.devices >= 1:
+if args.multiworker:
+    distributed = train(multiworker)
+elif args.devices >= 1:
     devices = [f"/cpu:{i}" for i in range(args.devices)]
     distributed = train(tf.distribute.MirroredStrategy(devices))
 else:

@@ -1,6 +1,6 @@
 """Step time of a TF2 `model.fit` under MirroredStrategy: `graphsync run` against plain python.
 
-    python benchmarks/tf2_steps.py [--replicas 2] [--rounds 3] [--steps 30]
+    python benchmarks/tf2_steps.py [--replicas 2] [--rounds 3] [--steps 30] [--strategy gather|allreduce]
 
 Each round trains the same tf_keras conv net (6 conv–batch-norm–ReLU blocks, 32×32×16, 16 images
 per replica) once under python and once under `graphsync run`, one after the other, in fresh
@@ -60,13 +60,13 @@ json.dump(sorted(clock.times)[len(clock.times) // 2], open(out, "w"))
 '''
 
 
-def run(graphsync: bool, replicas: int, steps: int) -> float:
+def run(graphsync: bool, replicas: int, steps: int, strategy: str = "gather") -> float:
     with tempfile.TemporaryDirectory() as tmp:
         script, out = os.path.join(tmp, "child.py"), os.path.join(tmp, "out.json")
         with open(script, "w") as f:
             f.write(CHILD)
-        command = [sys.executable, "-c", "import sys; from cli.main import main; sys.exit(main())", "run", "-q"] \
-            if graphsync else [sys.executable]
+        command = [sys.executable, "-c", "import sys; from cli.main import main; sys.exit(main())", "run", "-q",
+                                             "--strategy", strategy] if graphsync else [sys.executable]
         env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
         subprocess.run(command + [script, str(replicas), str(steps), out], check=True, env=env, cwd=ROOT,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -79,13 +79,14 @@ def main() -> None:
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--strategy", choices=["gather", "allreduce"], default="gather")
     args = parser.parse_args()
     plain, synced = [], []
     for _ in range(args.rounds):
         plain.append(run(False, args.replicas, args.steps))
-        synced.append(run(True, args.replicas, args.steps))
+        synced.append(run(True, args.replicas, args.steps, args.strategy))
     p, s = statistics.median(plain), statistics.median(synced)
-    print(f"replicas {args.replicas}: python {p * 1e3:.1f} ms/step, graphsync run {s * 1e3:.1f} ms/step, "
+    print(f"replicas {args.replicas}, {args.strategy}: python {p * 1e3:.1f} ms/step, graphsync run {s * 1e3:.1f} ms/step, "
           f"ratio {s / p:.2f} (medians of {args.rounds} rounds × {args.steps} steps)")
 
 

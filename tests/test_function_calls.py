@@ -192,32 +192,37 @@ def test_a_graph_that_cannot_be_planned_once_inlined_is_refused_untouched():
 def _moments_in_a_tf_function(axes):
     """Each tower calls a tf.function holding tf.nn.moments over `axes` and the normalization."""
     def model(x):
-        h = tf.nn.conv2d(x, tf1.get_variable("stem/w", [3, 3, 3, 4], initializer=tf1.ones_initializer()), 1, "SAME")
+        h = tf.nn.conv2d(x, tf1.get_variable("stem/w", [3, 3, 3, 4],
+                                             initializer=tf1.glorot_uniform_initializer(seed=1)), 1, "SAME")
 
         @tf.function
         def normalize(h):
             mean, variance = tf.nn.moments(h, axes, keepdims=True)
             return (h - mean) * tf.math.rsqrt(variance + 1e-3)
-        return tf.reduce_mean(normalize(h), [1, 2]) @ tf.ones([4, 5]), []
+        return tf.reduce_mean(tf.nn.relu(normalize(h)), [1, 2]) @ tf.ones([4, 5]), []
     return model
 
 
 @pytest.mark.parametrize("gradients", ["after", "before"])
-def test_unfused_batch_statistics_in_a_tf_function_are_refused_in_one_line(gradients):
-    """tf.nn.moments over the batch inside a call has no fused op to inline the call for, and its
-    gradient call would sum nothing across towers: refused (never trained per tower in silence),
-    graph untouched. The same over the other axes (layer norm) is no batch norm: left alone."""
-    graphs = []
-    with pytest.raises(graphsync.GraphsyncError) as refused:
-        tl.build(_moments_in_a_tf_function([0, 1, 2]), list(SIZES), input_shape=INPUT, gradients=gradients,
-                 rewrite=lambda g: graphs.append((g, g.as_graph_def())) or graphsync.rewrite_towers(g))
-    message = str(refused.value)
-    assert "\n" not in message and re.match(r"tower_0/PartitionedCall \(PartitionedCall\) computes "
-                                            r"batch statistics \(tf.nn.moments", message), message
-    (graph, before), = graphs
-    assert graph.as_graph_def() == before
-    layer_norm = tl.build(_moments_in_a_tf_function([1, 2, 3]), list(SIZES), input_shape=INPUT,
-                          gradients=gradients)
+def test_unfused_batch_statistics_in_a_tf_function_equal_one_device(gradients):
+    """tf.nn.moments over the batch inside a call: the call is inlined with its gradient call
+    (the gradient's ops found by structure), and the moments synchronized, forward and backward.
+    The same over the other axes (layer norm) is no batch norm: left alone."""
+    model, sizes = _moments_in_a_tf_function([0, 1, 2]), list(SIZES)
+    reports = []
+    built = tl.build(model, sizes, input_shape=INPUT, gradients=gradients,
+                     rewrite=lambda g: reports.append(graphsync.rewrite_towers(g)))
+    report, = reports
+    assert [layer.kind for layer in report.layers] == ["moments"] and \
+        len(report.inlined) == (4 if gradients == "after" else 2), report
+    x, t = _data(SIZES)
+    reference = tl.reference_step(model, sizes, x, t)
+    got = tl.run_step(built, x, t, sizes)
+    plain = tl.run_step(tl.build(model, sizes, input_shape=INPUT, gradients=gradients), x, t, sizes)
+    errors = {k: tl.max_rel_error(got[k], reference[k]) for k in ("output", "grads")}
+    unsynced = {k: tl.max_rel_error(plain[k], reference[k]) for k in ("output", "grads")}
+    assert max(errors.values()) < TOLERANCE and min(unsynced.values()) > UNSYNCED_MIN_ERROR, (errors, unsynced)
+    layer_norm = tl.build(_moments_in_a_tf_function([1, 2, 3]), sizes, input_shape=INPUT, gradients=gradients)
     report = graphsync.rewrite_towers(layer_norm.graph)   # no batch norm in sight, nothing refused
     assert not report.changed and report.summary.startswith("nothing changed: no batch norm"), report.summary
 

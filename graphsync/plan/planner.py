@@ -190,10 +190,9 @@ def _match_and_pair(graph: tf.Graph, towers, device, process_group, candidates, 
     # Between-graph replication with no towers: one replica per worker graph, the whole graph.
     whole_graph = find_towers([], [ROOT]) if not found_towers and process_group is not None else None
     in_towers = whole_graph or [t for t in found_towers if explicit or t.prefix != ROOT]
-    calls = [op for op in hiding if op.type in hidden.CALL_TYPES and tower_of(op.name, in_towers) is not None]
+    calls = [op for op in hiding + unfused if op.type in hidden.CALL_TYPES and tower_of(op.name, in_towers) is not None]
     _reject_hidden([op for op in hiding if op not in calls], in_towers)
     if len(in_towers) > 1 or process_group is not None:
-        _reject_unfused_in_calls(unfused, in_towers)
         if calls:   # planned once inlined (splice/inline.py)
             return Plan(tuple(found_towers), device or "", (), tuple(skipped), found_by=found_by, calls=tuple(calls))
     if not live:
@@ -335,18 +334,6 @@ def _reject_hidden(ops, towers):
                 f"{op.name} ({op.type}) runs a batch norm inside a function body, which graphsync cannot "
                 "rewrite: pass training=True as a Python bool, or call "
                 "tf.compat.v1.disable_control_flow_v2() before building the model")
-
-
-def _reject_unfused_in_calls(calls: list, towers) -> None:
-    """Refuses a tower's tf.function call whose body computes batch moments the unfused way and
-    holds no fused batch norm to inline the call for: its gradient, when already built, is another
-    call that sums nothing across towers, so inlining the forward alone would train wrong, and
-    leaving it would train per tower in silence."""
-    for op in calls:
-        if tower_of(op.name, towers) is not None:
-            raise GraphsyncError(
-                f"{op.name} ({op.type}) computes batch statistics (tf.nn.moments, an unfused batch norm) inside "
-                f"a tf.function, which graphsync cannot synchronize there: {hidden.INLINE_REMEDY}, or use fused batch norm")
 
 
 def _layer_plan(name: str, per_tower, scopes) -> LayerPlan:

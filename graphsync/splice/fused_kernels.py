@@ -59,6 +59,11 @@ def kernel_moments(graph, op: tf.Operation, ops):
     x = op.inputs[0]
     channels = op.inputs[1].shape.num_elements()
     refine = stats.REFINE_LOCAL_MOMENTS and x.dtype == tf.float32 and channels is not None
+    if x.shape.rank and x.shape[0] == 0 and channels is not None:
+        # a tower traced with no examples (a replica's share of a partial last batch): it adds
+        # nothing, and the kernel is not run (oneDNN's fails on an empty convolution's output)
+        zeros = ops.constant(0.0, tf.float32, [channels])
+        return ops.constant(0, tf.int64), zeros, zeros, zeros if refine else None
     scale, offset = (ops.constant(1.0, tf.float32, [channels]), ops.constant(0.0, tf.float32, [channels])) \
         if refine else (op.inputs[1], op.inputs[2])
     data_format = op.get_attr("data_format").decode()

@@ -16,7 +16,7 @@ from graphsync import match, stats
 from graphsync.exchange import Synchronized, differentiation, summed_gradient
 from graphsync.exchange.views import VIEW_GRADIENT, view_gradient
 from graphsync.graph.reroute import reroute_consumers, reroute_control_outputs
-from graphsync.graph.tf_private import FastOps, pristine_scope, set_attr
+from graphsync.graph.tf_private import FastOps, pristine_scope, set_attr, update_input
 from graphsync.plan.data import LayerPlan, Site
 from graphsync.splice import fused_kernels as fused
 from graphsync.splice import recompute as recomputation
@@ -125,8 +125,26 @@ def _fused_forward(graph, layer: LayerPlan, site: Site, s: Synchronized, scale, 
     count.edges += reroute_consumers(op.outputs[0], y)
     count.edges += reroute_consumers(op.outputs[1], batch_mean)
     count.edges += reroute_consumers(op.outputs[2], batch_variance)
+    if layer.avg_factor != 1.0 and op.inputs[0].shape.rank and op.inputs[0].shape[0] == 0:
+        count.edges += _update_kept_averages(op, batch_mean, batch_variance)
     count.control_edges += reroute_control_outputs(op, [y.op])
     return y
+
+
+def _update_kept_averages(op: tf.Operation, new_mean: tf.Tensor, new_variance: tf.Tensor) -> int:
+    """A tower traced with no examples: Keras keeps its replica's copy of the moving averages
+    (it writes back what it read); that copy gets the new global averages as every other does."""
+    moved = 0
+    for read, new in ((op.inputs[3].op, new_mean), (op.inputs[4].op, new_variance)):
+        if read.type != "ReadVariableOp":
+            continue
+        resource = read.inputs[0]
+        for writer in resource.consumers():
+            value = writer.inputs[1] if writer.type == "AssignVariableOp" and len(writer.inputs) > 1 else None
+            if value is not None and value.op.type == "ReadVariableOp" and value.op.inputs[0] is resource:
+                update_input(writer, 1, new)
+                moved += 1
+    return moved
 
 
 def _fused_backward(graph, layer: LayerPlan, exchange, statistics, scales, k: int, count: Spliced):

@@ -1,4 +1,4 @@
-"""Batch statistics inside function bodies (graphsync/match/batch_axis.py follows tf.function calls
+"""Batch statistics inside function bodies (graphsync/batch_axis/ follows tf.function calls
 and the branches of control flow v2's If): a hand-written statistic in a @tf.function every tower
 calls is inlined (graphsync/splice/inline.py), with its gradient call when gradients are built, and
 synchronized as a reduction: one step then equals one device on the concatenated batch (the

@@ -1,4 +1,4 @@
-"""A tower's forward through a loop (graphsync/match/batch_axis.py follows While bodies, TensorLists,
+"""A tower's forward through a loop (graphsync/batch_axis/ follows While bodies, TensorLists,
 v1 Enter/Exit/NextIteration and TensorArrays): the sequence model users write — a recurrence over
 [N, T, C] (tf.scan, tf_keras' SimpleRNN and LSTM), then a masked mean-and-variance normalization over the
 examples and time steps — has its masked sums synchronized as reductions, under control flow v2

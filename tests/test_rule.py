@@ -1,4 +1,4 @@
-"""The rule (graphsync/match/batch_axis.py, graphsync/plan/rule.py): every op combining a tower's
+"""The rule (graphsync/batch_axis/, graphsync/plan/rule.py): every op combining a tower's
 examples gets a verdict; a Sum or Mean over the batch no form covers is synchronized as a
 reduction (graphsync/plan/reductions.py; numbers in tests/test_reductions.py), and a batch
 statistic nothing synchronizes is refused in one line, the graph left as it was (issue 30's table,

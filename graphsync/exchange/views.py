@@ -28,7 +28,7 @@ from graphsync.graph.tf_private import create_op, pristine_scope, update_input
 
 UPLOAD_GRADIENT = "GraphsyncStatisticsUpload"
 VIEW_GRADIENT = "GraphsyncStatisticsView"
-SUM_VIEW_GRADIENT = "GraphsyncSumView"              # these three in graphsync.match.batch_axis.GRAPHSYNC_VIEWS
+SUM_VIEW_GRADIENT = "GraphsyncSumView"              # these three in graphsync.batch_axis.GRAPHSYNC_VIEWS
 EXTREMUM_VIEW_GRADIENT = "GraphsyncExtremumView"
 MISSING_TOWER = ("graphsync: a synchronized layer's gradient was built for only some towers of its sync "
                  "group; differentiate every tower's loss (one tf.gradients per tower, or one over their sum)")

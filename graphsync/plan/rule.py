@@ -1,4 +1,4 @@
-"""The rule, applied to a plan: every cross-example op inside the towers (graphsync/match/batch_axis.py)
+"""The rule, applied to a plan: every cross-example op inside the towers (graphsync/batch_axis/)
 gets a verdict, and a batch statistic the plan does not synchronize is refused, in one line, before
 the first edit; after the rewrite the same analysis runs again on the result (`check_rewritten`).
 

@@ -1,5 +1,5 @@
 """tf.function calls in graph mode (`PartitionedCall`/`StatefulPartitionedCall`) whose bodies run a
-training batch norm, or a hand-written batch statistic (graphsync/match/batch_axis.py finds it in
+training batch norm, or a hand-written batch statistic (graphsync/batch_axis/ finds it in
 the body), inlined into the main graph before the rewrite: the other modules then see an ordinary
 fused op, the `If` of a tensor training flag, or a reduction to synchronize, instead of a function
 body that get_operations() cannot list and _update_input cannot reach. Calls nested in an inlined

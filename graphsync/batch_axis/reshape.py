@@ -52,6 +52,8 @@ def _by_probes(op, axes):
     through = int(np.prod(probe[:hi + 1], dtype=object))
     if total == 0:
         raise End("a reshape of an empty tensor")
+    if through == before:
+        return [_one_example(out, before)], None
     found, cum = set(), 1
     for b, d in enumerate(out):
         nxt = cum * d
@@ -59,6 +61,25 @@ def _by_probes(op, axes):
             found.add(b)
         cum = nxt
     return [frozenset(found) or None], None
+
+
+def _one_example(out: list, before: int) -> frozenset:
+    """The output's batch axis when the batch axes have size 1 (a tower of one example, its shape
+    static): sizes cannot place them, but the batch keeps its place among the other axes, so it is
+    the one axis of size 1 where the output reaches the size of the axes before it (or, with none,
+    the one axis that starts there: the example merged with the axes after it). Another axis of
+    size 1 there makes it ambiguous: the trace ends, said, rather than guess."""
+    starts, cum = [], 1
+    for b, d in enumerate(out):
+        if cum == before:
+            starts.append(b)
+        cum *= d
+    ones = [b for b in starts if out[b] == 1]
+    if len(ones) == 1 and len([b for b in starts if out[b] != 1]) <= 1:
+        return frozenset(ones)
+    if not ones and len(starts) == 1:
+        return frozenset(starts)
+    raise End("a reshape of a one-example batch whose batch axis cannot be told from another axis of size 1")
 
 
 def _by_factors(op, axes, batch):

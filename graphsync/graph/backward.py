@@ -15,9 +15,10 @@ The backward is what flows from a gradient's two kinds of sources:
            the stacks a v1 while loop's gradient keeps the forward's values on;
   seeds    the tensor of ones a gradient starts from: tf.gradients' `Fill(Shape(loss), 1)`, or
            `OnesLike`, and the tape's constant `ones`. A tensor of ones is a seed only when it
-           is no ancestor of a forward batch norm or of a `Mean` (a mask or a constant in the
-           forward is: it feeds the loss's reduction at least), and a constant one only when it
-           also reaches a kernel (a `1 - momentum` that feeds a moving average reaches none).
+           is no ancestor of the forward: of a batch norm, of a `Mean`, of a value a kernel
+           reads as the forward's (a ReLU's output for ReluGrad, a convolution's input for
+           Conv2DBackpropFilter; a mask or a weight of ones in the forward is one); a constant
+           one only when it also reaches a kernel (a `1 - momentum` for a moving average does not).
 
 An op is in the backward when it is a kernel or a seed, or when one of its data inputs is, or when
 only the backward reads it beyond its shape (what a gradient function computes off the forward's
@@ -38,6 +39,18 @@ _KERNEL_SUFFIXES = ("Grad", "GradV2", "GradV3", "GradGrad")
 # the gradient of a v1 while loop saves the forward's values on stacks: nothing else builds them
 _KERNEL_TYPES = frozenset({"BroadcastGradientArgs", "SymbolicGradient", "StackV2", "StackPushV2", "StackPopV2"})
 _FORWARD_MARKS = frozenset({"FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3", "Mean"})
+# where common kernels read the incoming gradient; their other inputs are forward values (a
+# ReLU's output, a convolution's input, a batch norm's x), which no gradient seed is an ancestor of
+_GRADIENT_INPUTS = {
+    **dict.fromkeys(("ReluGrad", "Relu6Grad", "EluGrad", "SeluGrad", "LeakyReluGrad", "SoftplusGrad",
+                     "SoftsignGrad", "FusedBatchNormGrad", "FusedBatchNormGradV2", "FusedBatchNormGradV3",
+                     "BiasAddGrad", "LRNGrad", "ResizeBilinearGrad", "ResizeNearestNeighborGrad"), (0,)),
+    **dict.fromkeys(("SigmoidGrad", "TanhGrad", "RsqrtGrad", "SqrtGrad", "ReciprocalGrad", "InvGrad",
+                     "AvgPoolGrad", "AvgPool3DGrad"), (1,)),
+    **dict.fromkeys(("Conv2DBackpropInput", "Conv2DBackpropFilter", "Conv3DBackpropInputV2",
+                     "Conv3DBackpropFilterV2", "DepthwiseConv2dNativeBackpropInput",
+                     "DepthwiseConv2dNativeBackpropFilter", "MaxPoolGrad", "MaxPoolGradV2", "MaxPool3DGrad"), (2,)),
+}
 _FILLS = frozenset({"Fill", "OnesLike"})
 _SHAPES = frozenset({"Shape", "ShapeN", "Size", "Rank"})
 
@@ -66,8 +79,10 @@ class _Backward:
     def __init__(self, graph: tf.Graph):
         ops = graph.get_operations()
         self.version = graph.version
-        forward = _ancestors([op for op in ops if op.type in _FORWARD_MARKS])
         kernels = [op for op in ops if is_kernel_type(op.type)]
+        forward_reads = [t.op for k in kernels if k.type in _GRADIENT_INPUTS
+                         for i, t in enumerate(k.inputs) if i not in _GRADIENT_INPUTS[k.type]]
+        forward = _ancestors([op for op in ops if op.type in _FORWARD_MARKS] + forward_reads)
         reaching_kernels = _ancestors(kernels)
         seeds = [op for op in ops if op not in forward and _is_ones(op)
                  and (op.type in _FILLS or op in reaching_kernels)]

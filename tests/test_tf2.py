@@ -22,7 +22,7 @@ from fixture_paths import ROOT
 
 SCRIPT = os.path.join(ROOT, "tests", "scripts", "tf2_train.py")
 SYNCED, UNSYNCED = 1e-5, 1e-3   # relative error vs one device: float rounding / per-replica statistics
-MIXED_SYNCED = 2e-3             # mixed_float16: the reference rounds differently to float16
+MIXED_SYNCED = 5e-4             # mixed_float16: a 1e-7 change in a float32 statistic can flip a float16 rounding (4.6e-5 measured)
 
 
 def _env():
@@ -85,6 +85,7 @@ CASES = {
     "fit-2-mixed": ["--api", "fit", "--devices", "2", "--mixed"],
     "keras3-2": ["--api", "keras3", "--devices", "2", "--examples", "20"],      # moments: the tape's record
     "keras3-4": ["--api", "keras3", "--devices", "4"],
+    "fit-2-train-on-batch": ["--api", "fit", "--devices", "2", "--on-batch", "--examples", "20"],
 }
 
 
@@ -156,10 +157,11 @@ def test_the_one_line_api_synchronizes_a_script_run_by_python(tmp_path):
     assert max(error(arrays)) < SYNCED, error(arrays)
 
 
-def test_layers_keras_synchronizes_are_left_alone_and_said(tmp_path):
-    """tf_keras' synchronized=True: Keras all-reduces its own sums; graphsync adds nothing, says so,
-    and the step still equals one device."""
-    runs = _train(tmp_path, ["--api", "fit", "--devices", "2", "--synchronized"], runs=("graphsync",))
+@pytest.mark.parametrize("api", tiers.cases(["fit", "keras3"], ["fit", "keras3"], fast=["fit"]))
+def test_layers_keras_synchronizes_are_left_alone_and_said(tmp_path, api):
+    """synchronized=True (tf_keras, Keras 3): Keras all-reduces its own sums; graphsync adds
+    nothing, says so, and the step still equals one device."""
+    runs = _train(tmp_path, ["--api", api, "--devices", "2", "--synchronized"], runs=("graphsync",))
     result, arrays = runs["graphsync"]
     assert result.returncode == 0 and arrays is not None, result.stderr[-3000:]
     lines = _lines(result.stderr)

@@ -100,13 +100,25 @@ def _trains_batch_norm(graph) -> bool:
 
 def _merged_by_the_model(graph) -> int:
     """How many batch statistics the step already merges across replicas itself (an all-reduce
-    of local sums: Keras' synchronized batch norm)."""
+    of local sums: Keras' synchronized batch norm): those the rule finds merged, and those whose
+    value reaches a collective all-reduce within a few ops (Keras 3 packs its sums into one)."""
     from graphsync import batch_axis
     from graphsync.graph import tf_private
     with tf_private.tensors_compared_as_nodes():
         analysis = batch_axis.analyze(graph)
-        return sum(batch_axis.verdict(analysis, crossed)[0] == batch_axis.SYNCHRONIZED
-                   for crossed in analysis.cross.values())
+        return sum(batch_axis.verdict(analysis, crossed)[0] == batch_axis.SYNCHRONIZED or _all_reduced(op)
+                   for op, crossed in analysis.cross.items())
+
+
+def _all_reduced(op, depth: int = 6) -> bool:
+    from graphsync.graph.op_types import COLLECTIVE_TYPES
+    frontier, seen = [op], {op}
+    for _ in range(depth):
+        frontier = [c for o in frontier for t in o.outputs for c in t.consumers() if c not in seen]
+        if any(c.type in COLLECTIVE_TYPES for c in frontier):
+            return True
+        seen.update(frontier)
+    return False
 
 
 def _on_several_devices(graph) -> bool:

@@ -27,6 +27,7 @@ parser.add_argument("--mixed", action="store_true", help="mixed_float16")
 parser.add_argument("--nested", action="store_true", help="the batch norms inside a nested model and a custom layer")
 parser.add_argument("--synchronized", action="store_true", help="Keras' own synchronized batch norm")
 parser.add_argument("--autosync", action="store_true", help="the one line: graphsync.autosync() first")
+parser.add_argument("--on-batch", action="store_true", help="train_on_batch per batch instead of fit")
 args = parser.parse_args()
 if args.autosync:
     import graphsync
@@ -119,6 +120,9 @@ def train(strategy):
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
         model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(args.batch).with_options(options),
                   epochs=1, verbose=0)
+    elif args.api != "loop" and args.on_batch:
+        for start in range(0, len(x), args.batch):
+            model.train_on_batch(x[start:start + args.batch], y[start:start + args.batch])
     elif args.api != "loop":
         model.fit(x, y, batch_size=args.batch, epochs=1, verbose=0, shuffle=False)
     else:

@@ -80,16 +80,21 @@ class _Backward:
         ops = graph.get_operations()
         self.version = graph.version
         kernels = [op for op in ops if is_kernel_type(op.type)]
-        forward_reads = [t.op for k in kernels if k.type in _GRADIENT_INPUTS
-                         for i, t in enumerate(k.inputs) if i not in _GRADIENT_INPUTS[k.type]]
-        forward = _ancestors([op for op in ops if op.type in _FORWARD_MARKS] + forward_reads)
-        reaching_kernels = _ancestors(kernels)
-        seeds = [op for op in ops if op not in forward and _is_ones(op)
-                 and (op.type in _FILLS or op in reaching_kernels)]
+        candidates = [op for op in ops if op.type in _FILLS and _is_ones(op)]
+        if kernels:   # a constant seed reaches a kernel: a graph without kernels has none
+            reaching_kernels = _ancestors(kernels)
+            candidates += [op for op in ops if op.type == "Const" and op in reaching_kernels and _is_ones(op)]
+        seeds = []
+        if candidates:
+            forward_reads = [t.op for k in kernels if k.type in _GRADIENT_INPUTS
+                             for i, t in enumerate(k.inputs) if i not in _GRADIENT_INPUTS[k.type]]
+            forward = _ancestors([op for op in ops if op.type in _FORWARD_MARKS] + forward_reads)
+            seeds = [op for op in candidates if op not in forward]
         self.ops = _descendants(kernels + seeds)
-        for op in reversed(ops):   # what a gradient function computes off the forward
-            if op not in self.ops and _read_only_by(op, self.ops):
-                self.ops.add(op)
+        if self.ops:
+            for op in reversed(ops):   # what a gradient function computes off the forward
+                if op not in self.ops and _read_only_by(op, self.ops):
+                    self.ops.add(op)
 
     def extend(self, graph: tf.Graph) -> None:
         for op in tf_private.ops_added_since(graph, self.version):

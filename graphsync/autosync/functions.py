@@ -44,12 +44,12 @@ def traced(decisions, graph, strategy) -> None:
     """Decides one FuncGraph just traced outside any one replica (`strategy`: the tf.distribute
     strategy in scope when the trace began or ended, None for the default)."""
     from graphsync import match
+    from graphsync.graph import tf_private
     starts = match.starting_types()
     if starts is not None and not any(op.type in starts for op in graph.get_operations()):
         return   # no op a batch norm could start from: nothing to say
     label = f"tf.function {graph.name}"
     kind = type(strategy).__name__ if strategy is not None else None
-    from graphsync.graph import tf_private
     with tf_private.tensors_compared_as_nodes():
         trains = _trains_batch_norm(graph)
     if kind in UNSUPPORTED and trains:
@@ -70,7 +70,6 @@ def traced(decisions, graph, strategy) -> None:
         group = _process_group(strategy)
         if group is not None:
             options = dict(decisions.options, strategy="allreduce", process_group=group)
-    from graphsync.graph import tf_private
     with tf_private.tensors_compared_as_nodes():
         decisions.decide_function(graph, label, replicated=strategy is not None and trains, options=options)
 

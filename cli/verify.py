@@ -51,7 +51,8 @@ Examples:
 
 \b
 Exit status: 0 synchronized, 3 not synchronized (the reason on stderr), 1 the graph cannot be
-checked (inputs or loss not found, or it does not run), 2 usage error.""")
+checked (inputs or loss not found, it does not run, or it reaches outside this process without
+--allow-side-effects), 2 usage error.""")
 @click.argument("graph_path", metavar="GRAPH", type=click.Path(dir_okay=True))
 @click.option("--original", "original_path", metavar="ORIGINAL", type=click.Path(dir_okay=True),
               help="The graph before the rewrite: run with the same data and variable values, shown side by side.")
@@ -78,10 +79,14 @@ checked (inputs or loss not found, or it does not run), 2 usage error.""")
               help="Largest relative change that passes (default: 1e-3; float rounding stays below 1e-4).")
 @shell.towers_option
 @shell.tags_option
+@click.option("--allow-side-effects", is_flag=True,
+              help="Run a graph that reaches outside this process (reads or writes files, opens connections, "
+                   "calls Python). verify runs the graph, so by default it refuses such a graph before anything "
+                   "runs; pass this only for a graph you trust.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
 @click.option("-v", "--verbose", is_flag=True, help="Say more: every layer's traffic.")
 def verify(graph_path, original_path, inputs, loss, num_classes, feeds, batch_size, group_size, seed, tolerance,
-           towers, tags, as_json, verbose):
+           towers, tags, allow_side_effects, as_json, verbose):
     """Check on GRAPH itself that its towers share batch statistics, without a single-device model.
 
     Feeds random examples to every tower, then the same examples moved to other towers (every
@@ -102,7 +107,8 @@ def verify(graph_path, original_path, inputs, loss, num_classes, feeds, batch_si
         report = graphsync.verify(
             graph_path, original=original_path, towers=towers, inputs=list(inputs), loss=loss,
             num_classes=num_classes, feeds=feeds, batch_size=batch_size, group_size=group_size, seed=seed,
-            tolerance=DEFAULT_TOLERANCE if tolerance is None else tolerance, tags=tags)
+            tolerance=DEFAULT_TOLERANCE if tolerance is None else tolerance, tags=tags,
+            allow_side_effects=allow_side_effects)
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))
     else:

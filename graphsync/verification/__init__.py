@@ -22,7 +22,7 @@ findings.VerifyReport.
 """
 from __future__ import annotations
 
-from graphsync.verification import data, discovery, run, sources, verdict
+from graphsync.verification import data, discovery, run, side_effects, sources, verdict
 from graphsync.verification.findings import Figures, VerifyReport
 from graphsync.verification.verdict import DEFAULT_TOLERANCE
 
@@ -30,7 +30,8 @@ __all__ = ["verify", "VerifyReport", "Figures", "DEFAULT_TOLERANCE"]
 
 
 def verify(graph, *, original=None, towers=None, inputs=None, loss=None, num_classes=None, feeds=None,
-           batch_size=None, group_size=None, seed=0, tolerance=DEFAULT_TOLERANCE, tags=None) -> VerifyReport:
+           batch_size=None, group_size=None, seed=0, tolerance=DEFAULT_TOLERANCE, tags=None,
+           allow_side_effects=False) -> VerifyReport:
     """Checks that exchanging examples between the towers of `graph` changes nothing.
 
     graph, original:  a tf.Graph, a path to a saved graph (GraphDef, MetaGraphDef, SavedModel
@@ -53,6 +54,9 @@ def verify(graph, *, original=None, towers=None, inputs=None, loss=None, num_cla
     group_size:       towers synchronized in consecutive groups of this size (as for rewrite_towers):
                       examples are exchanged within groups only.
     seed, tolerance:  the random data's seed; the largest relative change that passes.
+    allow_side_effects: run graphs that reach outside this process (read or write files, open
+                      connections, call Python: see side_effects.py); refused by default, before
+                      anything runs, and listed in the report's notes when allowed.
 
     Returns a VerifyReport (`passed`, `reason`, figures); raises GraphsyncError when the graph
     cannot be run or its inputs or loss cannot be found.
@@ -61,6 +65,7 @@ def verify(graph, *, original=None, towers=None, inputs=None, loss=None, num_cla
     working, devices, cpus = run.on_cpus(source_graph)
     subject = discovery.discover(working, towers=towers, inputs=inputs, loss=loss, num_classes=num_classes,
                                 feeds=feeds, losses_collection=collection)
+    reaching = [side_effects.check(subject, allow_side_effects)]
     batch = data.draw(subject.inputs, len(subject.towers), batch_size, seed, group_size)
     with run.Runner(subject, batch, cpus) as runner:
         drawn = runner.run(trace=True)
@@ -76,12 +81,13 @@ def verify(graph, *, original=None, towers=None, inputs=None, loss=None, num_cla
         original_subject = discovery.discover(
             original_working, towers=towers, inputs=inputs, loss=loss, num_classes=num_classes, feeds=feeds,
             losses_collection=original_collection)
+        reaching.append(side_effects.check(original_subject, allow_side_effects, "the original graph"))
         with run.Runner(original_subject, batch, original_cpus, initial_values) as runner:
             original_drawn = runner.run(trace=True)
             original_figures = verdict.figures_of(original_subject, original_drawn,
                                                   [runner.run(batch.permutation)], runner.metadata)
 
-    notes = subject.notes + batch.notes
+    notes = subject.notes + batch.notes + [note for note in reaching if note]
     passed, reason = verdict.verdict(figures, batch, tolerance)
     if original_figures is not None and passed and original_figures.largest()[1] <= tolerance:
         notes.append("the un-rewritten graph passes too: on this graph the exchange cannot tell "

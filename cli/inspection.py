@@ -48,13 +48,19 @@ def inspect(input_path, towers, device, strategy, group_size, tags, as_json, ver
 
 def _inspection(loaded, plan, n_ops: int, inlined: list) -> dict:
     """What `inspect` shows, as plain data."""
+    from graphsync.plan.normalizations import normalizations  # noqa: PLC0415 (shell.library imported it)
     devices = _tower_devices(loaded.graph, plan)
     layers = []
-    for layer in plan.layers:
+    for name, members in normalizations(plan.layers):   # a batch norm by hand: one layer, its reductions under it
+        first = members[0]
+        reductions = [{"name": layer.name, "gradients": layer.has_gradients,
+                       "grad_ops_per_tower": len(layer.sites[0].grad_ops), "sites": _sites(layer)}
+                      for layer in members] if first.kind == "reduction" else []
         layers.append({
-            "name": layer.name, "kind": layer.shown_kind, "synchronize": True,
-            "gradients": layer.has_gradients, "grad_ops_per_tower": len(layer.sites[0].grad_ops),
-            "sites": [{"tower": s.tower.label, "op": s.op.name, "device": s.device} for s in layer.sites]})
+            "name": name, "kind": first.shown_kind, "found_as": first.found_as, "synchronize": True,
+            "gradients": any(layer.has_gradients for layer in members),
+            "grad_ops_per_tower": sum(len(layer.sites[0].grad_ops) for layer in members),
+            "sites": _sites(first), "reductions": reductions})
     skipped = []
     for op_name, reason in plan.skipped:
         tower = next((t.label for t in sorted(plan.towers, key=lambda t: -len(t.prefix))
@@ -91,6 +97,10 @@ def _inspection(loaded, plan, n_ops: int, inlined: list) -> dict:
             "summary": summary}
 
 
+def _sites(layer) -> list[dict]:
+    return [{"tower": s.tower.label, "op": s.op.name, "device": s.device} for s in layer.sites]
+
+
 def _tower_devices(graph, plan) -> dict:
     """Each tower's device: that of its batch-norm ops, else the most common among its ops."""
     devices = {}
@@ -109,6 +119,7 @@ def _tower_devices(graph, plan) -> dict:
 
 
 def _format_inspection(info: dict, verbose: bool) -> str:
+    from graphsync.report import listed_reductions  # noqa: PLC0415 (shell.library imported it)
     lines = [f"{info['input']}: {info['format']}"
              + (f" (tags {','.join(info['tags'])})" if info["tags"] else "") + f", {info['ops']} ops"]
     towers = info["towers"]
@@ -123,16 +134,23 @@ def _format_inspection(info: dict, verbose: bool) -> str:
         if len(info["groups"]) > 1:
             lines.append(f"sync groups ({len(info['groups'])}): "
                          + "; ".join(", ".join(group) for group in info["groups"]))
-        width = max(len(layer["name"]) for layer in info["layers"])
+        width = max(len("layer"), max(len(layer["name"]) for layer in info["layers"]))
         kinds = max(4, max(len(layer["kind"]) for layer in info["layers"]))
         lines.append(f"batch-norm layers ({len(info['layers'])}), one op in each tower:")
-        lines.append(f"  {'layer':<{width}}  {'kind':<{kinds}}  would  gradient ops per tower")
+        header = f"  {'layer':<{width}}  {'kind':<{kinds}}  would  gradient ops per tower"
+        lines.append(header)
         for layer in info["layers"]:
-            lines.append(f"  {layer['name']:<{width}}  {layer['kind']:<{kinds}}  sync   "
-                         f"{layer['grad_ops_per_tower'] if layer['gradients'] else 'none yet'}")
-            if verbose:
-                for site in layer["sites"]:
-                    lines.append(f"      {site['tower']:<10} {site['op']}  {site['device']}")
+            row = (f"  {layer['name']:<{width}}  {layer['kind']:<{kinds}}  sync   "
+                   f"{layer['grad_ops_per_tower'] if layer['gradients'] else 'none yet'}")
+            lines.append(f"{row:<{len(header)}}  {layer['found_as']}" if layer["reductions"] else row)
+            shown = listed_reductions(layer["name"], [r["name"] for r in layer["reductions"]])
+            if verbose and not shown:
+                lines.extend(f"      {site['tower']:<10} {site['op']}  {site['device']}" for site in layer["sites"])
+            for reduction in (r for r in layer["reductions"] if r["name"] in shown):
+                lines.append(f"    {reduction['name']}")
+                if verbose:
+                    lines.extend(f"        {site['tower']:<10} {site['op']}  {site['device']}"
+                                 for site in reduction["sites"])
     if info["inlined"]:
         lines.append(f"tf.function calls a rewrite inlines first ({len(info['inlined'])}):")
         lines.extend(f"  {name}" for name in (info["inlined"] if verbose else info["inlined"][:3]))

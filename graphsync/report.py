@@ -6,12 +6,16 @@ import dataclasses
 
 @dataclasses.dataclass(frozen=True)
 class LayerReport:
-    """One synchronized layer: its tower-independent name, op kind, and the op in each tower."""
+    """One synchronized layer (a normalization): its tower-independent name, op kind, and the op in
+    each tower; a batch norm written by hand that is synchronized as several reductions is one
+    layer, `reductions` naming them (the op in each tower is its first's; graphsync/plan/normalizations.py)."""
 
     name: str
     kind: str
     tower_ops: tuple[str, ...]
     backward: str  # "rewritten" (gradient ops replaced) or "autodiff" (gradients built later)
+    found_as: str = ""   # "fused", "tf.nn.moments", "reductions: mean + mean + mean of squares", …
+    reductions: tuple[str, ...] = ()   # the reduction layers it was synchronized as (none: fused, moments)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,11 +84,13 @@ class RewriteReport:
     def __str__(self) -> str:
         lines = [self.summary]
         if self.layers:
-            width = max(len(l.name) for l in self.layers)
+            width = max(len("layer"), max(len(l.name) for l in self.layers))
             kinds = max(6, max(len(l.kind) for l in self.layers))
             lines.append(f"  {'layer':<{width}}  {'kind':<{kinds}}  backward   towers")
             for l in self.layers:
-                lines.append(f"  {l.name:<{width}}  {l.kind:<{kinds}}  {l.backward:<9}  {len(l.tower_ops)}")
+                row = f"  {l.name:<{width}}  {l.kind:<{kinds}}  {l.backward:<9}  {len(l.tower_ops)}"
+                lines.append(f"{row}  {l.found_as}" if l.reductions else row)
+                lines.extend(f"    {r}" for r in listed_reductions(l.name, l.reductions))
         if self.recompute:
             later = f"; {self.recompute_deferred} layers when their gradients are built" \
                 if self.recompute_deferred else ""
@@ -98,3 +104,8 @@ class RewriteReport:
         for s in self.skipped:
             lines.append(f"  skipped {s.op}: {s.reason}")
         return "\n".join(lines)
+
+
+def listed_reductions(name: str, reductions) -> tuple:
+    """The reductions a listing shows under a layer: none when it is one reduction of its own name."""
+    return () if tuple(reductions) in ((), (name,)) else tuple(reductions)

@@ -21,6 +21,7 @@ from graphsync.between_graph.process_group import ProcessGroup
 from graphsync.exchange import make_exchange
 from graphsync.plan.data import Plan, digest, fingerprints
 from graphsync.plan import moving_updates, rule
+from graphsync.plan.normalizations import normalizations
 from graphsync.plan.planner import make_plan
 from graphsync.report import LayerReport, RewriteReport, SkippedReport
 
@@ -108,8 +109,7 @@ def _rewrite(graph, towers, device, strategy, group_size, process_group, recompu
         report.recomputed += made.recomputed
         report.edges_moved += made.edges
         report.grad_ops_replaced += made.grads_replaced
-        report.layers.append(LayerReport(layer.name, layer.shown_kind, tuple(s.op.name for s in layer.sites),
-                                         "rewritten" if layer.has_gradients else "autodiff"))
+    report.layers.extend(_layer_reports(plan.layers))
     _check(spliced)
     if plan.layers:   # the analysis again, on the result: no batch statistic left per tower
         rule.check_rewritten(graph, plan, plan.covered, version)
@@ -129,6 +129,18 @@ def _rewrite(graph, towers, device, strategy, group_size, process_group, recompu
             from graphsync.between_graph import watched_steps
             watched_steps.watch(graph, process_group, report.fingerprints)
     return report
+
+
+def _layer_reports(layers) -> list[LayerReport]:
+    """One LayerReport per normalization, its reductions listed (graphsync/plan/normalizations.py)."""
+    reports = []
+    for name, members in normalizations(layers):
+        first = members[0]
+        reports.append(LayerReport(
+            name, first.shown_kind, tuple(s.op.name for s in first.sites),
+            "rewritten" if any(layer.has_gradients for layer in members) else "autodiff", first.found_as,
+            tuple(layer.name for layer in members) if first.kind == "reduction" else ()))
+    return reports
 
 
 @contextlib.contextmanager

@@ -47,6 +47,8 @@ CASES = [  # form, net, batch sizes, gradients, strategy, dtype
     ("weighted-channel", "conv", [4, 4], "before", "allreduce", tf.float32),
 ]
 BY_RULE = ("weighted-channel",)   # no form takes weights per channel: the rule's reductions
+FOUND_AS = {"sufficient-shift": "tf.nn.sufficient_statistics with a shift", "weighted-pixel": "tf.nn.weighted_moments",
+            "weighted-example": "tf.nn.weighted_moments", "weighted-channel": "reductions: sum + sum + sum of squares"}
 
 
 def _model(form, net, **kw):
@@ -100,10 +102,12 @@ def test_step_equals_single_device_reference(form, net, batch_sizes, gradients, 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", graphsync.GraphsyncWarning)
         errors, report, _ = _errors(form, net, batch_sizes, gradients, strategy, dtype)
-    if form in BY_RULE:   # Σw·x, Σw and Σw·(x − μ)² of each layer, each summed over the towers
-        assert len(report.layers) >= 4 and {l.kind for l in report.layers} == {"reduction"}, str(report)
+    if form in BY_RULE:   # Σw·x, Σw and Σw·(x − μ)² of each layer, each summed over the towers: one layer each
+        assert [len(l.reductions) for l in report.layers] == [3, 3] and \
+            {l.kind for l in report.layers} == {"reduction"}, str(report)
     else:
         assert len(report.layers) == 2 and {l.kind for l in report.layers} == {"moments"}, str(report)
+    assert {l.found_as for l in report.layers} == {FOUND_AS.get(form, "mean and variance by hand")}, str(report)
     assert max(errors.values()) < TOLERANCE[dtype], errors
     unsynced, _, _ = _errors(form, net, batch_sizes, gradients, strategy, dtype, rewrite=False)
     for key in ("output", "loss", "grads", "moving"):

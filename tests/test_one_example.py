@@ -54,6 +54,8 @@ def test_one_example_per_tower_equals_one_device(form, sizes):
                      rewrite=lambda g: reports.append(graphsync.rewrite_towers(g)))
     report, = reports
     assert report.changed, report.summary
+    # the group norm is left alone; the batch norm by hand is one layer of three reductions
+    assert [len(layer.reductions) for layer in report.layers] == [3], str(report)
     x, t = tl.data(sizes, INPUT, OUTPUT)
     reference = tl.reference_step(make([sum(sizes)], form), sizes, x, t)
     got = tl.run_step(built, x, t, sizes)

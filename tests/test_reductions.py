@@ -117,6 +117,11 @@ FORMS = {   # name: h -> normalized h, written as users write them
     "masked_sequence": None,   # [N, T, C] with a mask per step: _sequence_model
 }
 STATIC = ("weighted_folded",)   # built with static batch sizes per tower (the rest: dynamic)
+REDUCTIONS = {   # how many reductions each layer a report lists holds (graphsync/plan/normalizations.py)
+    "reduce_variance": [2], "reduce_std": [2], "mean_only": [1], "weighted_folded": [3], "evonorm_b0": [2],
+    "after_atrous": [2], "declared_per_example": [1], "masked_sequence": [3],
+    "sum_and_partial_mean": [1, 1], "min_max_scaling": [1, 1],   # over different axes: two statistics
+}   # switchable: its batch mean and variance share no activation the grouping follows (two layers)
 CASES = [  # gradients, strategy, dtype
     ("after", "gather", tf.float64),
     ("before", "allreduce", tf.float64),
@@ -220,6 +225,8 @@ def test_step_equals_single_device_reference(form, gradients, strategy, dtype):
     print(f"\n{form} {gradients} {strategy} {dtype.name}: tolerance {tolerance:.1e}, rewritten "
           f"{max(errors.values()):.1e} {errors}, unrewritten {max(unsynchronized.values()):.1e}")
     assert reports and reports[0].layers and "reduction" in {l.kind for l in reports[0].layers}, reports
+    if form in REDUCTIONS:
+        assert [len(l.reductions) for l in reports[0].layers] == REDUCTIONS[form], str(reports[0])
     assert max(errors.values()) < tolerance, (errors, tolerance)
     assert unsynchronized["output"] > 3 * tolerance and unsynchronized["grads"] > 3 * tolerance, \
         (unsynchronized, tolerance)
@@ -239,7 +246,8 @@ def test_nested_statistics_are_spliced_inner_first():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", graphsync.GraphsyncWarning)
         _, reports = _synchronized("reduce_variance", "after", "gather", tf.float64)
-    assert [l.name for l in reports[0].layers] == ["reduce_variance/Mean", "reduce_variance/Mean_1"], str(reports[0])
+    assert [(l.name, l.reductions) for l in reports[0].layers] == [
+        ("reduce_variance", ("reduce_variance/Mean", "reduce_variance/Mean_1"))], str(reports[0])
 
 
 @pytest.mark.parametrize("form,gradients,strategy", [("mean_only", "before", "gather"),
@@ -333,7 +341,8 @@ def test_between_worker_processes(form, gradients, through, tmp_path):
         got = cl.between_graph_step(spec, sizes, tmp_path / "workers", options={
             "form": form, "gradients": gradients, "data": str(tmp_path / "batch.npz")})
     ref = tl.reference_step(model_of(form, [sum(sizes)]), sizes, x, t)
-    assert list(got[0]["kinds"]) == ["reduction", "reduction"], got[0]["kinds"]
+    # reduce_variance: one layer of two reductions; min-max scaling: a Min and a Max over different axes
+    assert list(got[0]["kinds"]) == ["reduction"] * (1 if form == "reduce_variance" else 2), got[0]["kinds"]
     assert str(got[0]["strategy"]) == ("ps" if through == "ps" else "allreduce"), got[0]["strategy"]
     errors = {"output": tl.max_rel_error(np.concatenate([g["output"] for g in got]), ref["output"]),
               "loss": tl.max_rel_error(np.concatenate([g["loss"] for g in got]), ref["loss"]),

@@ -115,6 +115,7 @@ class GraphDecisions:
         """Batch norm added to the towers of a graph after graphsync synchronized it would run
         unsynchronized: one line (and with on_error='fail', the script stops before that run)."""
         from graphsync.errors import GraphsyncError
+        from graphsync.plan.normalizations import normalizations
         self._looked_at[graph] = graph.version
         try:
             plan = _plan(graph, self._synchronized[graph])
@@ -122,7 +123,8 @@ class GraphDecisions:
             return   # half built (a layer in some towers only): looked at again at the next run once it grew
         if plan.layers or plan.calls:
             del self._synchronized[graph]   # said once
-            count = f"{len(plan.layers)} batch-norm layer{'s' if len(plan.layers) > 1 else ''}" if plan.layers \
+            n = len(normalizations(plan.layers))   # a batch norm by hand is one, however many reductions
+            count = f"{n} batch-norm layer{'s' if n > 1 else ''}" if plan.layers \
                 else f"{len(plan.calls)} tf.function call{'s' if len(plan.calls) > 1 else ''} running batch norm"
             first = plan.layers[0].sites[0].op.name if plan.layers else plan.calls[0].name
             self.failed(graph, f"graph {self._numbers[graph]}: {count} added to its towers after it was "

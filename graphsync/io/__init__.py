@@ -15,7 +15,7 @@ nothing is written unless the whole output is ready (see `graphsync.io.atomic`).
 from graphsync.io.errors import GraphFileError, PathError
 from graphsync.io.file_rewrite import require_towers, rewrite_file
 from graphsync.io.files import FORMATS, SAVEDMODEL_FILES, LoadedGraph, check_paths, load, output_format, save
-from graphsync.io.tensorboard import write_event_file
+from graphsync.io.tensorboard import listed_layers, write_event_file
 
-__all__ = ["FORMATS", "SAVEDMODEL_FILES", "GraphFileError", "LoadedGraph", "PathError", "check_paths", "load",
-           "output_format", "require_towers", "rewrite_file", "save", "write_event_file"]
+__all__ = ["FORMATS", "SAVEDMODEL_FILES", "GraphFileError", "LoadedGraph", "PathError", "check_paths", "listed_layers",
+           "load", "output_format", "require_towers", "rewrite_file", "save", "write_event_file"]

@@ -58,5 +58,5 @@ def rewrite_file(input_path: str, output_path: str | None, *, towers=None, devic
         save(loaded, output_path, fmt)
         if logdir:
             stage("logging")
-            details["event_file"] = write_event_file(loaded.graph, logdir)
+            details["event_file"] = write_event_file(loaded.graph, logdir, report.layers)
     return report, details

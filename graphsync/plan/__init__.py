@@ -4,4 +4,5 @@
     planner        make_plan: candidates → towers → pairs → validated layers
     training_flag  the checks of layers behind a tensor training flag (one flag for all towers)
     shared_tasks   the parameter servers a between-graph step uses (a step on another worker: refused)
+    normalizations which layers are one normalization, for reports (a batch norm by hand: several reductions)
 """

@@ -62,7 +62,9 @@ class ReductionGrad:
 
 @dataclasses.dataclass(frozen=True)
 class LayerPlan:
-    """One layer to synchronize: the same op in every tower, and its common attributes."""
+    """One layer to synchronize: the same op in every tower, and its common attributes; for
+    reports, the normalization it belongs to (graphsync/plan/normalizations.py: a batch norm
+    written by hand is synchronized as several reductions) and how it was found."""
 
     name: str
     kind: str
@@ -70,6 +72,13 @@ class LayerPlan:
     layout: Layout
     epsilon: float
     avg_factor: float
+    normalization: str = ""   # the normalization this layer is one reduction of; "": its own
+    found_as: str = ""        # "fused", "tf.nn.moments", "reductions: mean + mean + mean of squares", …
+
+    @property
+    def normalization_name(self) -> str:
+        """The name reports list this layer under: its normalization's, else its own."""
+        return self.normalization or self.name
 
     @property
     def has_gradients(self) -> bool:

@@ -16,7 +16,7 @@ from graphsync.errors import GraphsyncError, NoTowersError
 from graphsync.graph import by_type, order, shapes, tf_private
 from graphsync.match import hidden, unfollowed
 from graphsync.match.candidate import MomentsParts
-from graphsync.plan import reductions, rule, shared_tasks, training_flag
+from graphsync.plan import normalizations, reductions, rule, shared_tasks, training_flag
 from graphsync.plan.data import LayerPlan, MomentsGrad, Plan, Site
 from graphsync.stats import Layout
 from graphsync.towers import names as tower_names
@@ -47,7 +47,8 @@ def make_plan(graph: tf.Graph, towers=None, device: str | None = None, *, strate
         if refuse:
             _refuse_unpaired_gradients(plan.layers)
     layers, skipped = _in_forward_order(graph, plan.layers, plan.skipped)
-    plan = dataclasses.replace(plan, layers=tuple(layers), skipped=tuple(skipped), strategy=strategy,
+    layers = normalizations.grouped(layers)   # which normalization each layer is part of, for reports
+    plan = dataclasses.replace(plan, layers=layers, skipped=tuple(skipped), strategy=strategy,
                                process_group=process_group, recompute=bool(recompute),
                                groups=_groups(len(plan.towers), group_size))
     if strategy not in ("gather", "allreduce"):

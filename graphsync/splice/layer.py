@@ -19,6 +19,7 @@ from graphsync.graph.reroute import reroute_consumers, reroute_control_outputs
 from graphsync.graph.tf_private import FastOps, pristine_scope, set_attr, update_input
 from graphsync.plan.data import LayerPlan, Site
 from graphsync.splice import fused_kernels as fused
+from graphsync.splice import marks
 from graphsync.splice import recompute as recomputation
 from graphsync.splice import stand_in
 
@@ -117,6 +118,7 @@ def _fused_forward(graph, layer: LayerPlan, site: Site, s: Synchronized, scale, 
         y = fused.normalize(graph, op.inputs[0], scale, op.inputs[2], s.mean, s.variance,
                             layer.epsilon, _data_format(op),
                             fused.NORMALIZE_GRADIENT if layer.has_gradients else SYNCHRONIZED_NORMALIZE_GRADIENT)
+        marks.mark(graph, layer, site, mean=s.mean, variance=s.variance)
         batch_mean, batch_variance = s.mean, s.bessel
         if layer.avg_factor != 1.0:
             f = layer.avg_factor
@@ -212,6 +214,7 @@ def _moments_forward(graph, layer: LayerPlan, site: Site, s: Synchronized, count
     if not site.parts.keep_dims:
         with pristine_scope(graph, site.device, site.op.name + "_sync"):
             mean, variance = (tf.squeeze(t, list(layer.layout.axes)) for t in (mean, variance))
+    marks.mark(graph, layer, site, mean=mean, variance=variance)
     count.edges += reroute_consumers(mean_op.outputs[0], mean)
     count.edges += reroute_consumers(variance_op.outputs[0], variance)
     if sqdiff is not None:

@@ -30,6 +30,7 @@ from graphsync.exchange.views import extremum_view
 from graphsync.graph.reroute import reroute_consumers, reroute_control_outputs
 from graphsync.graph.tf_private import pristine_scope
 from graphsync.plan.data import LayerPlan
+from graphsync.splice import marks
 from graphsync.splice.layer import Spliced
 
 
@@ -63,6 +64,7 @@ def splice_reduction(graph: tf.Graph, layer: LayerPlan, exchange) -> Spliced:
                 tf.identity(tower_totals[0], name="sum")
             if not op.get_attr("keep_dims"):
                 value = tf.squeeze(value, axes, name="value")
+        marks.mark(graph, layer, site, **{"mean" if mean else "sum": value})
         count.edges += reroute_consumers(op.outputs[0], value)
         count.control_edges += reroute_control_outputs(op, [value.op])
     for k in range(len(layer.sites[0].grad_ops)):
@@ -108,6 +110,7 @@ def _splice_extremum(graph: tf.Graph, layer: LayerPlan, exchange) -> Spliced:
                 extremum_view(graph, site, extremum, op.inputs[0], tower_ties, **keys)
             if not op.get_attr("keep_dims"):
                 value = tf.squeeze(value, axes, name="value")
+        marks.mark(graph, layer, site, **{"maximum" if kind == "Max" else "minimum": value})
         count.edges += reroute_consumers(op.outputs[0], value)
         count.control_edges += reroute_control_outputs(op, [value.op])
     for k in range(len(layer.sites[0].grad_ops)):

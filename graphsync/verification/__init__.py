@@ -69,9 +69,10 @@ def verify(graph, *, original=None, towers=None, inputs=None, loss=None, num_cla
     batch = data.draw(subject.inputs, len(subject.towers), batch_size, seed, group_size)
     with run.Runner(subject, batch, cpus) as runner:
         drawn = runner.run(trace=True)
-        figures = verdict.figures_of(subject, drawn, [runner.run(batch.permutation)], runner.metadata)
-        if figures.largest()[1] > tolerance:
-            verdict.measure_rounding(runner, batch, drawn, figures)
+        figures = verdict.figures_of(subject, drawn, [runner.run(batch.permutation)],
+                                     [runner.run(batch.reorders(1)[0])], runner.metadata)
+        if verdict.needs_rounding(figures, tolerance):
+            verdict.measure_rounding(runner, batch, drawn, figures, subject)
         initial_values = runner.initial_values
 
     original_figures = None
@@ -84,11 +85,11 @@ def verify(graph, *, original=None, towers=None, inputs=None, loss=None, num_cla
         reaching.append(side_effects.check(original_subject, allow_side_effects, "the original graph"))
         with run.Runner(original_subject, batch, original_cpus, initial_values) as runner:
             original_drawn = runner.run(trace=True)
-            original_figures = verdict.figures_of(original_subject, original_drawn,
-                                                  [runner.run(batch.permutation)], runner.metadata)
+            original_figures = verdict.figures_of(original_subject, original_drawn, [runner.run(batch.permutation)],
+                                                  [runner.run(batch.reorders(1)[0])], runner.metadata)
 
     notes = subject.notes + batch.notes + [note for note in reaching if note]
-    passed, reason = verdict.verdict(figures, batch, tolerance)
+    passed, reason = verdict.verdict(figures, batch, tolerance, fixed_batch=batch.fixed)
     if original_figures is not None and passed and original_figures.largest()[1] <= tolerance:
         notes.append("the un-rewritten graph passes too: on this graph the exchange cannot tell "
                      "synchronized from per-tower statistics")

@@ -34,6 +34,7 @@ class Batch:
     permutation: np.ndarray
     notes: list
     seed: int
+    fixed: bool = False     # the graph fixes the examples per tower: --batch-size cannot change them
 
     @property
     def towers(self) -> int:
@@ -131,7 +132,9 @@ def draw(inputs: list[Input], towers: int, batch_size, seed: int, group_size: in
             value = rng.uniform(size=(total,) + shape) < 0.5
         values[tuple(item.tensors)] = value
     permutation = _group_exchange(sizes, group, rng)
-    return Batch(inputs, sizes, group, values, permutation, notes, seed)
+    fixed = any(size is not None for item in inputs if item.kind in ("per_tower", "shared")
+                for size in item.static_batches)
+    return Batch(inputs, sizes, group, values, permutation, notes, seed, fixed)
 
 
 def _as_drawn(distribution: str, shape: tuple, rng) -> np.ndarray:

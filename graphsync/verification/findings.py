@@ -13,6 +13,24 @@ APART = (("other_writes", "other writes, not judged"),)
 
 
 @dataclasses.dataclass
+class LayerFigures:
+    """One layer's response to the exchange: per statistic ("mean", "variance", a reduction's
+    "sum"…, and "update", the moving-statistics writes it feeds), the relative change when examples
+    move to other towers and when they are only reordered inside theirs (its rounding)."""
+
+    name: str
+    form: str
+    synchronized: bool
+    changes: dict
+    rounding: dict
+
+    def largest(self) -> tuple[str, float]:
+        """(what, change) of the statistic that changed most (the update only if nothing else is compared)."""
+        statistics = {what: change for what, change in self.changes.items() if what != "update"} or self.changes
+        return max(statistics.items(), key=lambda item: item[1])
+
+
+@dataclasses.dataclass
 class Figures:
     """One graph's response to the exchange: the relative change of each fetched quantity (None
     when the graph has none), and what its first run's step statistics show."""
@@ -29,6 +47,7 @@ class Figures:
     rounding: dict | None = None   # check → change from reordering examples inside their towers
     exchanges: int = 1             # the changes are medians over this many exchanges
     other_writes: float | None = None   # writes that depend on the examples but on no batch statistic
+    layer_figures: list[LayerFigures] = dataclasses.field(default_factory=list)   # in forward order
 
     def largest(self) -> tuple[str, float]:
         """(check, change) of the largest change."""
@@ -99,7 +118,8 @@ class VerifyReport:
         if self.copies:
             lines.append(f"variables: {self.copies}")
         within = f" (within groups of {self.group_size})" if self.group_size else ""
-        lines.append(f"moving {self.moved} of {self.examples} examples to other towers{within} changes:")
+        lines.extend(self._layer_table(verbose))
+        lines.append(f"moving {self.moved} of {self.examples} examples to other towers{within} changes, end to end:")
         lines.extend(self._table())
         lines.extend(self._traffic(verbose))
         lines.extend(f"note: {note}" for note in self.notes)
@@ -131,6 +151,40 @@ class VerifyReport:
             lines.append((f"  {label:<{width}}  " + "  ".join(f"{c:>10}" for c in cells)).rstrip())
         if self.rewritten.rounding:
             lines.append(f"  (medians of {self.rewritten.exchanges}; reordered: examples shuffled only inside their towers)")
+        return lines
+
+    def _layer_table(self, verbose: bool) -> list[str]:
+        """Each layer's largest change (the statistic that changed most), beside its rounding and,
+        given the original, the same layer's there: the first few layers and those that changed
+        most against their rounding, in forward order (`verbose`: every layer)."""
+        layers = self.rewritten.layer_figures
+        if not layers:
+            return []
+        original = {layer.name: layer for layer in (self.original.layer_figures if self.original else [])}
+
+        def against_rounding(i):
+            what, change = layers[i].largest()
+            return change / max(layers[i].rounding.get(what, 0.0), 1.2e-7)
+        shown = set(range(len(layers))) if verbose or len(layers) <= SHOWN_LAYERS else \
+            set(range(SHOWN_LAYERS // 2)) | set(sorted(range(len(layers)), key=against_rounding)[-(SHOWN_LAYERS // 2):])
+        rows = []
+        for i in sorted(shown):
+            layer = layers[i]
+            what, change = layer.largest()
+            cells = [layer.form + ("" if layer.synchronized else ", per tower"), what, _relative(change),
+                     _relative(layer.rounding.get(what))]
+            if self.original:
+                cells.append(_relative(original[layer.name].largest()[1]) if layer.name in original else "-")
+            rows.append((layer.name, cells))
+        width = max(len(name) for name, _ in rows)
+        titles = ["form", "statistic", "moved", "reordered"] + (["original"] if self.original else [])
+        widths = [max(len(titles[k]), *(len(cells[k]) for _, cells in rows)) for k in range(len(titles))]
+        lines = [f"layers, in forward order: how much moving {self.moved} of {self.examples} examples to other towers "
+                 "changes their statistics (reordered: only inside their towers)",
+                 f"  {'layer':<{width}}  " + "  ".join(f"{t:>{w}}" for t, w in zip(titles, widths))]
+        lines += [f"  {name:<{width}}  " + "  ".join(f"{c:>{w}}" for c, w in zip(cells, widths)) for name, cells in rows]
+        if len(shown) < len(layers):
+            lines.append(f"  … {len(layers) - len(shown)} more layers (the first and the most changed shown; --verbose: all)")
         return lines
 
     def _traffic(self, verbose: bool) -> list[str]:

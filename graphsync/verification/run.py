@@ -74,6 +74,7 @@ class Fetched:
     gradients: list
     updates: list
     other_writes: list
+    statistics: list   # every layer's statistics in every tower, in Subject.layer_statistics' order
 
 
 class Runner:
@@ -85,8 +86,7 @@ class Runner:
     def __init__(self, subject: Subject, batch, cpus: int, initial_values: dict | None = None):
         self.subject, self.batch = subject, batch
         graph = subject.graph
-        self._fetches = [[graph.get_tensor_by_name(n) for n in names]
-                         for names in (subject.loss, subject.gradients, subject.updates, subject.other_writes)]
+        self._fetches = [[graph.get_tensor_by_name(n) for n in names] for names in subject.fetched]
         self._init_ops = [graph.get_operation_by_name(v.initializer) for v in subject.variables]
         init_values = [graph.get_tensor_by_name(v.initial_value) for v in subject.variables]
         self._session = tf1.Session(graph=graph, config=config(cpus))

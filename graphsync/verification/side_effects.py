@@ -89,8 +89,7 @@ def find(subject: Subject) -> list[Reach]:
     graph = subject.graph
     initial_values = [graph.get_tensor_by_name(v.initial_value) for v in subject.variables]
     initializers = [graph.get_operation_by_name(v.initializer) for v in subject.variables]
-    fetches = [graph.get_tensor_by_name(n)
-               for names in (subject.loss, subject.gradients, subject.updates, subject.other_writes) for n in names]
+    fetches = [graph.get_tensor_by_name(n) for names in subject.fetched for n in names]
     inputs = {n for item in subject.inputs for n in item.tensors}
     executed = _executed([t.op for t in initial_values], set())
     executed |= _executed(initializers, {t.name for t in initial_values})

@@ -9,8 +9,8 @@ from graphsync.graph import shapes
 from graphsync.errors import GraphsyncError
 from graphsync.towers.scopes import Tower
 from graphsync.verification.discovery import (batch_norm, copies as tower_copies, entries, example_sources as sources,
-                                              inputs, loss as losses, names, pairing, state, statistics, synthetic,
-                                              tower_scopes)
+                                              inputs, layer_statistics, loss as losses, names, pairing, state,
+                                              statistics, synthetic, tower_scopes)
 from graphsync.verification.discovery.inputs import Input, given as given_input
 from graphsync.verification.discovery.state import Variable
 
@@ -33,6 +33,14 @@ class Subject:
     notes: list[str]
     other_writes: list[str] = dataclasses.field(default_factory=list)   # compared, not judged
     copies: tower_copies.Copies = dataclasses.field(default_factory=lambda: tower_copies.Copies({}, ""))
+    layer_statistics: list = dataclasses.field(default_factory=list)   # per layer, judged one by one
+
+    @property
+    def fetched(self) -> list[list[str]]:
+        """What every run fetches, in run.Fetched's order: losses, gradients, judged updates, other
+        writes, every layer's statistics (the side-effect check walks from exactly these)."""
+        return [self.loss, self.gradients, self.updates, self.other_writes,
+                [name for layer in self.layer_statistics for name in layer.tensors]]
 
 
 def discover(graph: tf.Graph, *, towers=None, inputs=None, loss=None, num_classes=None, feeds=None,
@@ -88,10 +96,11 @@ def discover(graph: tf.Graph, *, towers=None, inputs=None, loss=None, num_classe
                      "apart and not judged: they change when that tower's examples do")
     variables = state.variables(graph)
     copies = tower_copies.find(graph, found_towers, variables, tower_scopes.membership(graph, found_towers))
+    layers = layer_statistics.find(graph, found_towers, towers, updates, notes)
     return Subject(graph, found_towers, found_inputs, loss_tensors, loss_source, gradients, updates,
                    batch_norm.batch_norm_ops(graph, found_towers),
                    batch_norm.synchronized_layers(graph, found_towers), variables, notes,
-                   [w.inputs[1].name for w in others], copies)
+                   [w.inputs[1].name for w in others], copies, layers)
 
 
 def _written(write: tf.Operation) -> str:

@@ -1,0 +1,60 @@
+"""The statistics each tower of a synchronized layer reads, marked in the graph for `graphsync verify`.
+
+verify judges a rewritten graph layer by layer, by the statistics each layer normalizes with
+(graphsync/verification/discovery/layer_statistics.py). In a saved graph nothing else says which
+tensors those are: what the exchange hands a tower differs by strategy, form and transport. So the
+splice leaves one `IdentityN` per layer and tower, `<op>_sync/statistics_read`, whose inputs are
+exactly what the tower's readers now read (μ and σ² of a fused or moments layer, a reduction's
+value). Nothing reads the mark: no step runs it (TensorFlow runs only what a fetch reaches), and
+no gradient passes through it. Its attributes name the layer, its form, each input, and the
+normalization the layer is part of with how it was found (a batch norm written by hand is several
+reduction layers: graphsync/plan/normalizations.py; `normalization_of`).
+"""
+from __future__ import annotations
+
+import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2
+
+from graphsync.graph.tf_private import create_op, pristine_scope
+
+MARK = "statistics_read"
+LAYER_ATTR = "_graphsync_layer"
+FORM_ATTR = "_graphsync_form"
+NAMES_ATTR = "_graphsync_statistics"
+NORMALIZATION_ATTR = "_graphsync_normalization"   # the normalization the layer is part of (plan/normalizations.py)
+FOUND_AS_ATTR = "_graphsync_found_as"             # how it was found ("fused", "reductions: mean + …")
+
+
+def mark(graph: tf.Graph, layer, site, **statistics: tf.Tensor) -> tf.Operation:
+    """Marks what tower `site` of `layer` (a LayerPlan) now reads: `statistics` maps what each
+    tensor is ("mean", "variance", "sum", …) to it."""
+    tensors = list(statistics.values())
+    attrs = {"T": attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(
+                 type=[t.dtype.as_datatype_enum for t in tensors])),
+             LAYER_ATTR: attr_value_pb2.AttrValue(s=layer.name.encode()),
+             FORM_ATTR: attr_value_pb2.AttrValue(s=layer.shown_kind.encode()),
+             NAMES_ATTR: attr_value_pb2.AttrValue(s=",".join(statistics).encode()),
+             NORMALIZATION_ATTR: attr_value_pb2.AttrValue(s=(layer.normalization or layer.name).encode()),
+             FOUND_AS_ATTR: attr_value_pb2.AttrValue(s=(layer.found_as or layer.shown_kind).encode())}
+    with pristine_scope(graph, site.device, site.op.name + "_sync"):
+        return create_op(graph, "IdentityN", tensors, attrs, MARK)
+
+
+def is_mark(op: tf.Operation) -> bool:
+    return op.type == "IdentityN" and op.name.endswith("_sync/" + MARK) and LAYER_ATTR in op.node_def.attr
+
+
+def read(op: tf.Operation) -> tuple[str, str, dict]:
+    """(layer name, form, {what: tensor}) of a mark."""
+    attrs = op.node_def.attr
+    names = attrs[NAMES_ATTR].s.decode().split(",")
+    return attrs[LAYER_ATTR].s.decode(), attrs[FORM_ATTR].s.decode(), dict(zip(names, op.inputs))
+
+
+def normalization_of(op: tf.Operation) -> tuple[str, str]:
+    """(normalization name, how it was found) of a mark; a mark without them is its own layer."""
+    attrs = op.node_def.attr
+    name, form, _ = read(op)
+    normalization = attrs[NORMALIZATION_ATTR].s.decode() if NORMALIZATION_ATTR in attrs else name
+    found_as = attrs[FOUND_AS_ATTR].s.decode() if FOUND_AS_ATTR in attrs else form
+    return normalization, found_as

@@ -74,6 +74,9 @@ def test_every_layer_holds_after_the_rewrite(monkeypatch):
     assert {"mean", "variance", "update"} <= set(layers[0].changes)   # the moving averages fed by the fused layer
     assert len(layers[2].changes) == 3, report.format()   # its mean, and reduce_variance's two reductions
     assert "leaves the statistics of every one of its 3 layers unchanged" in report.reason
+    text = report.format()   # one normalization counts once, its reductions listed under it
+    assert text.splitlines()[0].endswith("2 towers (tower_0, tower_1), 3 synchronized layers"), text
+    assert "  all 3 layers: " in text and re.search(r"^    reduce_variance/Mean_1 +mean ", text, re.M), text
 
 
 @pytest.mark.parametrize("left", ["fused", "moments", "handwritten"])

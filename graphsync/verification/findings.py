@@ -23,6 +23,7 @@ class LayerFigures:
     synchronized: bool
     changes: dict
     rounding: dict
+    members: list = dataclasses.field(default_factory=list)   # a normalization's reductions, listed under it
 
     def largest(self) -> tuple[str, float]:
         """(what, change) of the statistic that changed most (the update only if nothing else is compared)."""
@@ -48,6 +49,13 @@ class Figures:
     exchanges: int = 1             # the changes are medians over this many exchanges
     other_writes: float | None = None   # writes that depend on the examples but on no batch statistic
     layer_figures: list[LayerFigures] = dataclasses.field(default_factory=list)   # in forward order
+
+    @property
+    def synchronized_layers(self) -> int:
+        """Synchronized batch-norm layers, a normalization written as several reductions counting
+        once (from the marks; a graph rewritten without them: its aggregation scopes)."""
+        marked = sum(layer.synchronized for layer in self.layer_figures)
+        return marked or len(self.layers)
 
     def largest(self) -> tuple[str, float]:
         """(check, change) of the largest change."""
@@ -103,7 +111,7 @@ class VerifyReport:
         """The report as text; `verbose` lists every layer's traffic (else the largest few), layers
         in forward order."""
         lines = [f"{self.graph}: {len(self.towers)} towers ({', '.join(self.towers)}), "
-                 f"{_count(len(self.rewritten.layers), 'synchronized layer')}"]
+                 f"{_count(self.rewritten.synchronized_layers, 'synchronized layer')}"]
         for device, cpu in self.devices.items():
             lines.append(f"  runs {device} as {cpu}")
         sizes = self.per_tower if isinstance(self.per_tower, int) else "/".join(map(str, self.per_tower))
@@ -176,6 +184,11 @@ class VerifyReport:
             if self.original:
                 cells.append(_relative(original[layer.name].largest()[1]) if layer.name in original else "-")
             rows.append((layer.name, cells))
+            for key in (k for k in layer.changes if layer.members and k != "update"):   # "mean (reduction)"
+                what, _, member = key.partition(" (")
+                rows.append((f"  {member.rstrip(')')}", ["", what, _relative(layer.changes[key]),
+                                                          _relative(layer.rounding.get(key))]
+                             + ([""] if self.original else [])))
         width = max(len(name) for name, _ in rows)
         titles = ["form", "statistic", "moved", "reordered"] + (["original"] if self.original else [])
         widths = [max(len(titles[k]), *(len(cells[k]) for _, cells in rows)) for k in range(len(titles))]

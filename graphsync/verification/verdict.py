@@ -12,6 +12,8 @@ is the verdict inconclusive.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from graphsync.verification import run, trace
@@ -43,6 +45,7 @@ def changes(drawn, others) -> dict:
 def figures_of(subject, drawn, exchanged: list, reordered: list, metadata) -> Figures:
     ran = trace.executed(metadata)
     traffic, other = trace.traffic(metadata, subject.layers, subject.towers)
+    traffic = _per_normalization(traffic, subject.layer_statistics)
     return Figures(
         **changes(drawn, exchanged),
         counts={"loss": len(subject.loss), "gradients": len(subject.gradients), "updates": len(subject.updates),
@@ -50,6 +53,21 @@ def figures_of(subject, drawn, exchanged: list, reordered: list, metadata) -> Fi
         batch_norm_running=[name for name in subject.batch_norm_ops if name in ran],
         batch_norm_ops=len(subject.batch_norm_ops), layers=subject.layers, traffic=traffic, other_bytes=other,
         layer_figures=layer_figures(subject, drawn, exchanged, reordered))
+
+
+def _per_normalization(traffic: list, layers: list) -> list:
+    """One traffic entry per normalization: its reductions' bytes summed, in the first one's place."""
+    normalization = {member: layer.name for layer in layers if layer.synchronized for member in layer.members}
+    merged = {}
+    for entry in traffic:
+        name = normalization.get(entry.layer, entry.layer)
+        if name not in merged:
+            merged[name] = dataclasses.replace(entry, layer=name)
+            continue
+        for field in dataclasses.fields(entry):
+            if field.name != "layer":
+                setattr(merged[name], field.name, getattr(merged[name], field.name) + getattr(entry, field.name))
+    return list(merged.values())
 
 
 def layer_figures(subject, drawn, exchanged: list, reordered: list) -> list[LayerFigures]:
@@ -77,7 +95,8 @@ def layer_figures(subject, drawn, exchanged: list, reordered: list) -> list[Laye
 
         def median(others, places=places):
             return {what: float(np.median([change(what, o) for o in others])) for what in places}
-        found.append(LayerFigures(layer.name, layer.form, layer.synchronized, median(exchanged), median(reordered)))
+        found.append(LayerFigures(layer.name, layer.form, layer.synchronized, median(exchanged), median(reordered),
+                                  list(layer.members)))
     return found
 
 

@@ -116,6 +116,7 @@ def _rewrite(graph, towers, device, strategy, group_size, process_group, recompu
     report.shared_moving = shared_averages.leave_to_first_worker(graph, shared_writes, process_group)
     _say_kept_per_tower(plan.kept_per_tower)
     _say_unfollowed(plan.unfollowed)
+    _say_undecided(plan.cross_example)
     _say_repeated_updates(moving_updates.repeated(moving_writes))
     if plan.recompute:
         report.recompute_deferred = sum(not layer.has_gradients and layer.kind != "reduction"
@@ -181,6 +182,19 @@ def _say_unfollowed(found: tuple) -> None:
         more = f" (and {len(found) - 1} more: graphsync inspect)" if len(found) > 1 else ""
         warnings.warn(f"{found[0].line()}{more}: graphsync cannot tell whether it is a batch statistic, which "
                       "would stay per tower; if it is, write it with tf.nn.moments or a fused batch norm",
+                      GraphsyncWarning, stacklevel=4)
+
+
+def _say_undecided(rows) -> None:
+    """A GraphsyncWarning for reductions over the batch read back into the examples that reach no
+    variable, in a graph without gradients yet (graphsync/batch_axis/verdicts.py, "undecided"): a
+    batch norm at the model's end would stay per tower; rewritten after the gradients exist,
+    graphsync can tell and synchronizes it."""
+    undecided = [r for r in rows if r.verdict == "undecided" and r.tower is not None]
+    if len({r.tower for r in undecided}) > 1:
+        more = f" (and {len(undecided) - 1} more: graphsync inspect)" if len(undecided) > 1 else ""
+        warnings.warn(f"{undecided[0].op} ({undecided[0].type}) {undecided[0].why}{more}: it stays per tower; if it "
+                      "normalizes the model's output, rewrite after the gradients are built",
                       GraphsyncWarning, stacklevel=4)
 
 

@@ -172,3 +172,28 @@ def test_a_sum_over_the_wrong_count_is_no_mean():
                     tf.nn.batch_normalization(h, mean, variance, None, None, 1e-3)
     report = graphsync.rewrite_towers(graph)
     assert [l.tower_ops[0] for l in report.layers] == ["tower_0/truediv"], str(report)
+
+
+def _normalized_output(x):
+    """conv → batch norm by hand → relu → the pooled output itself: no variable after the batch
+    norm, only the loss (the model's last layer)."""
+    w = tf1.get_variable("w", [3, 3, x.shape[-1], 4], initializer=tf1.glorot_uniform_initializer(seed=1))
+    h = tf.nn.conv2d(x, w, 1, "SAME")
+    with tf1.name_scope("last_bn"):
+        h = (h - tf.reduce_mean(h, [0, 1, 2])) * tf.math.rsqrt(tf.math.reduce_variance(h, [0, 1, 2]) + 1e-3)
+    return tf.reduce_mean(tf.nn.relu(h), [1, 2]), []
+
+
+def test_a_batch_norm_with_no_variable_after_it_is_synchronized_or_said():
+    """Its examples reach the loss, not a variable: rewritten after the gradients, they are seen to
+    be differentiated and it is synchronized (equal to one device); before, one line says it stays."""
+    sizes = [2, 3, 4]
+    x, t = tl.data(sizes, SHAPE, (4,))
+    ref = tl.reference_step(_normalized_output, sizes, x, t, input_shape=SHAPE)
+    built = tl.build(_normalized_output, sizes, rewrite=graphsync.rewrite_towers, input_shape=SHAPE)
+    got = tl.run_step(built, x, t, sizes)
+    assert max(tl.max_rel_error(got[k], ref[k]) for k in ref) < 1e-5
+    with pytest.warns(graphsync.GraphsyncWarning, match=r"tower_0/last_bn/\S+ \(Mean\) reduces over the batch; its "
+                      r"value is read back into the examples, .* it stays per tower; if it normalizes the model's "
+                      r"output, rewrite after the gradients are built"):
+        tl.build(_normalized_output, sizes, rewrite=graphsync.rewrite_towers, gradients="before", input_shape=SHAPE)

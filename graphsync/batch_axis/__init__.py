@@ -44,7 +44,8 @@ from graphsync.batch_axis.order import ORDER_TYPES
 from graphsync.batch_axis.per_example import PER_EXAMPLE_ENV, declared_per_example
 from graphsync.batch_axis.reductions import REDUCTION_TYPES
 from graphsync.batch_axis.trace import NO_RULE, SOURCES, analyze
-from graphsync.batch_axis.verdicts import GHOST, GRAPHSYNC_VIEWS, ORDER, STATISTIC, SYNCHRONIZED, TERMINAL, verdict
+from graphsync.batch_axis.verdicts import (GHOST, GRAPHSYNC_VIEWS, ORDER, STATISTIC, SYNCHRONIZED, TERMINAL,
+                                           UNDECIDED, verdict)
 from graphsync.batch_axis.walks import forward_readers, reads_variable
 
 # Each family module registers its op types' rules when imported: all of them, before any trace.
@@ -53,4 +54,4 @@ FAMILIES = (elementwise, no_batch, per_example, fused_batch_norm, reductions, or
 
 __all__ = ["Analysis", "CrossOp", "ELEMENTWISE", "Ended", "FAMILIES", "GHOST", "GRAPHSYNC_VIEWS", "NO_RULE",
            "ORDER", "ORDER_TYPES", "PER_EXAMPLE_ENV", "REDUCTION_TYPES", "SOURCES", "STATISTIC", "SYNCHRONIZED",
-           "TERMINAL", "analyze", "declared_per_example", "forward_readers", "reads_variable", "verdict"]
+           "TERMINAL", "UNDECIDED", "analyze", "declared_per_example", "forward_readers", "reads_variable", "verdict"]

@@ -28,7 +28,7 @@ import tensorflow as tf
 
 from graphsync.batch_axis.findings import Analysis, CrossOp
 from graphsync.batch_axis.registry import End, register
-from graphsync.batch_axis.verdicts import TERMINAL, verdict
+from graphsync.batch_axis.verdicts import TERMINAL, UNDECIDED, verdict
 from graphsync.graph import tf_private
 
 CALLS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
@@ -208,7 +208,7 @@ def _statistic_in_body(body: Analysis, crossed: CrossOp, returned: bool):
         name, inner, why = crossed.inner
         return f"calls {name}, whose {inner.name} ({inner.type}) {why}"
     found, why = verdict(body, crossed)
-    if found != TERMINAL:
+    if found not in (TERMINAL, UNDECIDED):   # a body holds no gradients: read back is decided below
         return why
     how = why.split(";")[0]
     outputs = {t.ref() for t in body.outputs}

@@ -3,6 +3,8 @@
     statistic     its value flows back into tensors that still carry the batch and on into the
                   model (an op reading a variable): a batch statistic, to synchronize across towers
     terminal      its value only reaches losses, metrics, summaries, variable updates: stays per tower
+    undecided     a reduction read back into the examples, which reach no variable, in a graph with no
+                  gradients yet: a batch norm at the model's end, or a monitor; said, stays per tower
     ghost         it reduces only part of the batch axes (a reshape split the batch: virtual batches)
     order         a sort, top-k or arg-max over the batch whose value flows back: cannot be synchronized
     synchronized  a merge across towers (a collective, graphsync's views) combines it with the other
@@ -19,10 +21,10 @@ import tensorflow as tf
 from graphsync.batch_axis.findings import Analysis, CrossOp
 from graphsync.batch_axis.registry import family_of
 from graphsync.batch_axis.walks import reads_variable
-from graphsync.graph.backward import is_backward
+from graphsync.graph.backward import has_backward, is_backward
 from graphsync.match.fused import gradient_type
 
-STATISTIC, TERMINAL, GHOST, ORDER = "statistic", "terminal", "ghost", "order"
+STATISTIC, TERMINAL, GHOST, ORDER, UNDECIDED = "statistic", "terminal", "ghost", "order", "undecided"
 SYNCHRONIZED = "synchronized"
 _MERGES = ("Collective", "Nccl")
 # The gradient names of graphsync's statistics views (graphsync/exchange/views.py): a tower's own
@@ -44,7 +46,7 @@ def verdict(analysis: Analysis, crossed: CrossOp, tower_of=None, skip=frozenset(
         if not crossed.returned:
             return STATISTIC, why
         start = [op.outputs[k] for k in crossed.returned]
-        reader, merged = _flows_back(analysis, op, tower_of, skip, budget, start)
+        reader, merged, _ = _flows_back(analysis, op, tower_of, skip, budget, start)
         if reader is _BEYOND_BUDGET:
             return STATISTIC, f"{why}; {_BEYOND_BUDGET_WHY % budget}"
         if reader is None:
@@ -59,12 +61,20 @@ def verdict(analysis: Analysis, crossed: CrossOp, tower_of=None, skip=frozenset(
         if any(not is_backward(c) for c in op.outputs[0].consumers()):
             return STATISTIC, how
         return TERMINAL, how + ", but nothing reads its output"
-    reader, merged = _flows_back(analysis, op, tower_of, skip, budget)
+    reader, merged, returned = _flows_back(analysis, op, tower_of, skip, budget)
     if reader is _BEYOND_BUDGET:
         return STATISTIC, f"{how}; {_BEYOND_BUDGET_WHY % budget}"
     if reader is None:
         if merged is not None:
             return SYNCHRONIZED, f"{how}; {merged.name} combines it with the other towers'"
+        if returned is _UNDIFFERENTIATED and crossed.how == "reduce" and not crossed.partial:
+            return UNDECIDED, f"{how}; its value is read back into the examples, which reach no variable, and the " \
+                              "graph has no gradients yet to tell whether they reach the loss"
+        if returned not in (None, _UNDIFFERENTIATED) and crossed.how == "reduce" and not crossed.partial:
+            # a batch norm at the model's end (normalize → pool → output): no variable after it, but
+            # the examples it normalizes are differentiated; one device normalizes with the whole batch
+            return STATISTIC, f"{how}, and {returned.name} reads it back into the examples the gradients " \
+                              "are taken of"
         return TERMINAL, f"{how}; its value reaches no tensor that carries the batch into the model " \
                          "(a loss, a metric, a summary, a variable update)"
     if crossed.partial:
@@ -76,6 +86,7 @@ def verdict(analysis: Analysis, crossed: CrossOp, tower_of=None, skip=frozenset(
 
 # A value whose readers outnumber the walk's budget is not judged terminal on what the walk saw.
 _BEYOND_BUDGET = object()
+_UNDIFFERENTIATED = object()   # read back into the examples in a graph without gradients yet
 _BEYOND_BUDGET_WHY = "its value reaches more than %d ops, not all followed: taken for a batch statistic"
 
 
@@ -83,8 +94,9 @@ def _flows_back(analysis: Analysis, op: tf.Operation, tower_of, skip, budget, st
     """(the first forward op downstream of `op` (of its outputs `start` when given) whose output
     carries the batch and that reads one of the model's variables: the statistic went back into
     the model, or None, or _BEYOND_BUDGET when more than `budget` ops were left to walk; the first
-    merge across towers met, or None). Merges, and products with a constant zero, are not entered."""
-    seen, stack, merged = {op}, [list(op.outputs) if start is None else start], None
+    merge across towers met, or None; the first op whose output carries the batch and is read by
+    the backward, variable or not, or None). Merges, and products with a constant zero, are not entered."""
+    seen, stack, merged, returned = {op}, [list(op.outputs) if start is None else start], None, None
     while stack and budget > 0:
         for t in stack.pop():
             for reader in t.consumers():
@@ -97,10 +109,20 @@ def _flows_back(analysis: Analysis, op: tf.Operation, tower_of, skip, budget, st
                     continue
                 if reader.type in ("Mul", "MulNoNan") and _times_zero(reader):
                     continue
-                if any(analysis.carries(o) for o in reader.outputs) and reads_variable(reader):
-                    return reader, merged
+                if any(analysis.carries(o) for o in reader.outputs):
+                    if reads_variable(reader):
+                        return reader, merged, reader
+                    if returned in (None, _UNDIFFERENTIATED):
+                        returned = reader if _differentiated(reader) else \
+                            _UNDIFFERENTIATED if not has_backward(reader.graph) else returned
                 stack.append(reader.outputs)
-    return (_BEYOND_BUDGET if stack else None), merged
+    return (_BEYOND_BUDGET if stack else None), merged, returned
+
+
+def _differentiated(op) -> bool:
+    """Whether the backward reads `op`'s outputs: its examples reach what the gradients are taken
+    of (a monitor's or an unused normalization's are not)."""
+    return any(is_backward(c) for t in op.outputs for c in t.consumers())
 
 
 def _is_merge(op, tower_of) -> bool:

@@ -73,6 +73,12 @@ def is_backward(op: tf.Operation) -> bool:
     return op in state.ops
 
 
+def has_backward(graph: tf.Graph) -> bool:
+    """Whether `graph` holds any backward op yet (tf.gradients or a tape has run)."""
+    ops = graph.get_operations()
+    return bool(ops) and (is_backward(ops[0]) or bool(_known[graph].ops))
+
+
 class _Backward:
     """The backward ops of one graph, found once, then extended by the ops added since."""
 

@@ -225,7 +225,7 @@ def verdict(figures: Figures, batch, tolerance: float, fixed_batch: bool = False
                f"towers does ({figures.rounding[check]:.1e})" if change > tolerance else
                f"; end to end, the largest change is {change:.1e}")
         return True, (f"synchronized: {moved} leaves the statistics of every one of {_count(figures)} "
-                      f"unchanged beyond rounding (largest change {layer.changes[what]:.1e}, `{layer.name}`){end}")
+                      f"unchanged beyond rounding (largest change {layer.changes[what]:.1e}){end}")
     if change > tolerance:
         return True, (f"synchronized: {moved} changes the {dict(CHECKS)[check]} by {change:.1e} (median of "
                       f"{figures.exchanges}), as much as float rounding does here (reordering examples inside "

@@ -182,3 +182,17 @@ def test_mirrored_resnet50_two_examples_per_replica(tmp_path):
     assert status == 3 and err.startswith("graphsync: error: layer `resnet50/conv1_bn/FusedBatchNormV3` is not "
                                           "synchronized: its batch "), out + err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_a_graph_that_fixes_one_example_per_tower_is_not_told_to_change_its_batch_size():
+    """The refusal's remedy is one the graph accepts: not --batch-size when the graph fixes it."""
+    graph = tf.Graph()
+    with graph.as_default():
+        for i in range(2):
+            with tf.device(f"/cpu:{i}"), tf1.name_scope(f"tower_{i}"), tf1.variable_scope("m", reuse=i > 0):
+                x = tf1.placeholder(tf.float32, [1, 6, 6, 3], name="x")
+                h = tf1.layers.batch_normalization(models._conv_as(x, 4, "conv"), training=True, name="bn")
+                tf.reduce_sum(tf.square(h), name="loss")
+    with pytest.raises(graphsync.GraphsyncError, match=r"towers of 1/1 examples\): the graph fixes them: build it "
+                                                       r"with 2 or more per tower$"):
+        graphsync.verify(graph)

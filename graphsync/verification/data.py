@@ -131,9 +131,9 @@ def draw(inputs: list[Input], towers: int, batch_size, seed: int, group_size: in
         else:
             value = rng.uniform(size=(total,) + shape) < 0.5
         values[tuple(item.tensors)] = value
-    permutation = _group_exchange(sizes, group, rng)
     fixed = any(size is not None for item in inputs if item.kind in ("per_tower", "shared")
                 for size in item.static_batches)
+    permutation = _group_exchange(sizes, group, rng, fixed)
     return Batch(inputs, sizes, group, values, permutation, notes, seed, fixed)
 
 
@@ -192,12 +192,12 @@ def tower_sizes(inputs, towers: int, batch_size) -> list[int]:
     return sizes
 
 
-def _group_exchange(sizes: list[int], group: int, rng) -> np.ndarray:
+def _group_exchange(sizes: list[int], group: int, rng, fixed: bool = False) -> np.ndarray:
     """An exchange inside each consecutive group of `group` towers."""
     pieces, start = [], 0
     for first in range(0, len(sizes), group):
         members = sizes[first:first + group]
-        pieces.append(exchange(members, rng) + start)
+        pieces.append(exchange(members, rng, fixed) + start)
         start += sum(members)
     return np.concatenate(pieces)
 
@@ -209,7 +209,7 @@ def proves(sizes: list[int], permutation: np.ndarray) -> bool:
     return all(frozenset(permutation[home == t].tolist()) not in before for t in range(len(sizes)))
 
 
-def exchange(sizes: list[int], rng) -> np.ndarray:
+def exchange(sizes: list[int], rng, fixed: bool = False) -> np.ndarray:
     """A permutation of the Σ n_t examples that keeps each tower's size, sends about half of each
     tower elsewhere and changes every tower's set of examples (see `proves`)."""
     for _ in range(_TRIES):
@@ -220,9 +220,10 @@ def exchange(sizes: list[int], rng) -> np.ndarray:
         permutation = rng.permutation(sum(sizes))
         if proves(sizes, permutation):
             return permutation
+    remedy = "the graph fixes them: build it with 2 or more per tower" if fixed else \
+        "give the towers 2 or more examples each (--batch-size)"
     raise GraphsyncError(f"no exchange of examples changes which examples share a tower (towers of "
-                         f"{'/'.join(map(str, sizes))} examples): give the towers 2 or more examples each "
-                         "(--batch-size)")
+                         f"{'/'.join(map(str, sizes))} examples): {remedy}")
 
 
 def _halves_swapped(sizes: list[int], rng) -> np.ndarray | None:

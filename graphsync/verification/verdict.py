@@ -170,7 +170,7 @@ def _judge_layers(figures: Figures, moved: str, tolerance: float):
         why = "" if layer.synchronized else "; it has no synchronized layer: rewrite it first" if not figures.layers \
             else "; graphsync did not rewrite it"
         return False, (f"layer `{layer.name}` is not synchronized: {_its(what)} changes by {change:.1e} when "
-                       f"{moved} (rounding {rounding or 0.0:.1e}){why}")
+                       f"{moved} (rounding {f'{rounding:.1e}' if rounding else '0'}){why}")
     if hidden is not None:
         layer, what = hidden
         return False, (f"inconclusive: layer `{layer.name}`: {_its(what)} changes by {layer.changes[what]:.1e} when "

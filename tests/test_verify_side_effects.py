@@ -150,12 +150,17 @@ def test_a_side_effect_inside_a_tf_function_the_tower_calls_is_refused(tmp_path)
     assert not written.exists()
 
 
-def test_an_original_graph_with_side_effects_is_refused_before_it_runs(tmp_path):
+def test_an_original_graph_with_side_effects_is_refused_before_it_runs(tmp_path, monkeypatch):
+    """Before either graph runs: no session is made for the rewritten graph either."""
+    from graphsync.verification import run
+
+    sessions = []
+    monkeypatch.setattr(run.Runner, "__init__", lambda self, *a, **k: sessions.append(a) or 1 / 0)
     written = tmp_path / "original.txt"
     with pytest.raises(graphsync.GraphsyncError, match="^the original graph reaches outside this process: .*; "
                                                        "verify runs it: pass --allow-side-effects"):
         graphsync.verify(_built(lambda y: y), original=_built(_writing(str(written)), rewrite=False))
-    assert not written.exists()
+    assert not written.exists() and not sessions
 
 
 # --------------------------------------------------------------------------------------------

@@ -62,10 +62,14 @@ def verify(graph, *, original=None, towers=None, inputs=None, loss=None, num_cla
     cannot be run or its inputs or loss cannot be found.
     """
     label, source_graph, collection = sources.load(graph, tags)
-    working, devices, cpus = run.on_cpus(source_graph)
-    subject = discovery.discover(working, towers=towers, inputs=inputs, loss=loss, num_classes=num_classes,
-                                feeds=feeds, losses_collection=collection)
+    subject, cpus, devices = _discovered(source_graph, collection, towers, inputs, loss, num_classes, feeds)
     reaching = [side_effects.check(subject, allow_side_effects)]
+    original_subject = None
+    if original is not None:   # both graphs are checked before either runs
+        _, original_graph, original_collection = sources.load(original, tags)
+        original_subject, original_cpus, _ = _discovered(original_graph, original_collection, towers, inputs, loss,
+                                                         num_classes, feeds)
+        reaching.append(side_effects.check(original_subject, allow_side_effects, "the original graph"))
     batch = data.draw(subject.inputs, len(subject.towers), batch_size, seed, group_size)
     with run.Runner(subject, batch, cpus) as runner:
         drawn = runner.run(trace=True)
@@ -76,13 +80,7 @@ def verify(graph, *, original=None, towers=None, inputs=None, loss=None, num_cla
         initial_values = runner.initial_values
 
     original_figures = None
-    if original is not None:
-        _, original_graph, original_collection = sources.load(original, tags)
-        original_working, _, original_cpus = run.on_cpus(original_graph)
-        original_subject = discovery.discover(
-            original_working, towers=towers, inputs=inputs, loss=loss, num_classes=num_classes, feeds=feeds,
-            losses_collection=original_collection)
-        reaching.append(side_effects.check(original_subject, allow_side_effects, "the original graph"))
+    if original_subject is not None:
         with run.Runner(original_subject, batch, original_cpus, initial_values) as runner:
             original_drawn = runner.run(trace=True)
             original_figures = verdict.figures_of(original_subject, original_drawn, [runner.run(batch.permutation)],
@@ -100,3 +98,11 @@ def verify(graph, *, original=None, towers=None, inputs=None, loss=None, num_cla
         per_tower=batch.per_tower, moved=batch.moved, seed=seed, tolerance=tolerance, rewritten=figures,
         original=original_figures, passed=passed, reason=reason, group_size=group_size, devices=devices,
         notes=notes, copies=subject.copies.describe())
+
+
+def _discovered(source_graph, collection, towers, inputs, loss, num_classes, feeds):
+    """(what verify runs in the graph, the CPUs to run it on, the devices it maps to them)."""
+    working, devices, cpus = run.on_cpus(source_graph)
+    subject = discovery.discover(working, towers=towers, inputs=inputs, loss=loss, num_classes=num_classes,
+                                 feeds=feeds, losses_collection=collection)
+    return subject, cpus, devices

@@ -237,10 +237,10 @@ def test_a_step_on_a_ps_sums_through_queues_there_with_no_collective(behaviour, 
         assert not [op for op in ops if op.type.startswith("Collective")]
         queues = [op for op in ops if op.type == "FIFOQueueV2"
                   and op.get_attr("shared_name").startswith(b"graphsync/")]
-        # forward and backward, each: worker 1 → worker 0 and worker 0 → worker 1, on the ps
+        # forward and backward, each: worker 1's contribution up, the total down to it, on the ps
         assert len(queues) == 4 and {op.device for op in queues} == {"/job:ps/replica:0/task:0/device:CPU:0"}, queues
-        pairs = sorted(op.get_attr("shared_name").decode().rsplit("/", 1)[1] for op in queues)
-        assert pairs == ["0>1", "0>1", "1>0", "1>0"], pairs
+        ends = sorted("/".join(op.get_attr("shared_name").decode().rsplit("/", 2)[1:]) for op in queues)
+        assert ends == ["down/1", "down/1", "up/1", "up/1"], ends
 
 
 def _moving_average_writes(graph):
@@ -344,9 +344,10 @@ def _flagged_worker(index, workers, gradients):
         assert report.strategy == "ps", report
         built = built or grads()
         totals = {}
-        for op in graph.get_operations():   # the last add of each sum in worker order
-            if "/in_worker_order/" in op.name:
-                totals[op.name.rsplit("/", 1)[0]] = op.outputs[0]
+        for op in graph.get_operations():   # the total each reads: worker 0 its sum, the others from the ps
+            if op.name.endswith("/in_worker_order/total") or op.type == "QueueDequeueV2" and \
+                    b"/down/" in op.inputs[0].op.get_attr("shared_name"):
+                totals[op.name.rsplit("/", 2)[0]] = op.outputs[0]
         init = tf1.global_variables_initializer()
     return graph, (x, t, flag), {"y": y, "grads": built, "step": step}, totals, init
 

@@ -6,7 +6,7 @@ every worker, and a ps that runs part of several workers' steps (variables, the 
 queues) keys its rendezvous by step id alone: one worker's step end aborts another's
 (`AbortedError … Cleanup`; graphsync/plan/shared_tasks.py). Here the only cross-process traffic is
 ops placed on a ps the step already uses (graphsync/exchange/queues.py: one FIFOQueue per layer,
-direction and ordered pair of workers, summed in worker order), so each worker's step keeps its own
+direction and worker, summed in worker order on the ps), so each worker's step keeps its own
 random step id and the ps tells them apart as it does without graphsync.
 
 Everything else is AllReduce's: the same packed vectors (float64 [n, n·m, M2 + n·m²] forward, the
@@ -14,8 +14,8 @@ stacked [a, b] backward), packed and unpacked by the same functions, so the stat
 numbers; the towers of a worker in one sync group first add theirs on the group's first device, in
 tower order. The reductions the rule finds take the same way (a `Max` or `Min` merged by its
 extremum instead of a sum, its view's gradient summed through queues as a batch norm's is).
-Layers go to the ps tasks round-robin in forward order (the same in every worker), and each
-queue's name holds the digest of the synchronized layers: workers that built different layers
+Layers go to the ps tasks by size, each to the least loaded so far in forward order (the same in
+every worker), and each queue's name holds the digest of the synchronized layers: workers that built different layers
 never share a queue. A view's gradient built after the rewrite (graphsync/exchange/views.py) sums
 the same way through queues of its own.
 
@@ -28,6 +28,7 @@ the queues start empty (a ps kept running would hand the restarted workers stale
 """
 from __future__ import annotations
 
+import numpy as np
 import tensorflow as tf
 
 from graphsync.between_graph.process_group import ProcessGroup
@@ -53,11 +54,20 @@ class ThroughPs(AllReduce):
         self.ps_devices = [f"{task}/device:CPU:0" for task in ps_tasks]
         self.prefix = f"graphsync/{fingerprint:016x}"
         self._placed = {}   # layer name → its ps device
+        self._sizes = {}    # layer name → elements of its statistics
         self._bases = {}    # queue base name → its ps device
 
     def ps_of(self, layer) -> str:
-        """The ps device of `layer`'s queues: round-robin in the order layers are first seen."""
-        return self._placed.setdefault(layer.name, self.ps_devices[len(self._placed) % len(self.ps_devices)])
+        """The ps device of `layer`'s queues: the least loaded so far, by the statistics' size (as
+        replica_device_setter's greedy strategy spreads variables by bytes), in the order layers are
+        first seen (forward order, the same in every worker); ties go to the first ps."""
+        if layer.name not in self._placed:
+            load = {device: 0 for device in self.ps_devices}
+            for name, device in self._placed.items():
+                load[device] += self._sizes[name]
+            self._sizes[layer.name] = _statistics_size(layer)
+            self._placed[layer.name] = min(self.ps_devices, key=lambda device: load[device])
+        return self._placed[layer.name]
 
     def _reduce(self, graph, layer, sites, packed, name, merge="Add"):
         """Per tower: (its group's total, no barrier, the group, the queues' base name)."""
@@ -85,3 +95,11 @@ class ThroughPs(AllReduce):
         same ps as the forward's, named after it."""
         return dict(members=len(self.groups[g]), member=member, queue=base, ps=self._bases[base],
                     worker=self.process_group.index, workers=self.process_group.tasks)
+
+
+def _statistics_size(layer) -> int:
+    """Elements per statistic of `layer` (its channels): what its exchange carries scales with it."""
+    site = layer.sites[0]
+    x = site.parts.x if getattr(site.parts, "x", None) is not None else site.op.inputs[0]
+    dims = x.shape.as_list() if x.shape.rank is not None else []
+    return int(np.prod([d or 1 for a, d in enumerate(dims) if a not in layer.layout.axes]))

@@ -1,31 +1,35 @@
-"""How synchronized statistics cross devices: gathered on one device, or all-reduced.
+"""How synchronized statistics cross devices: gathered on one device, or packed and summed by a
+transport.
 
-Both strategies offer the same two operations to the splice, per sync group of towers:
+Both strategies offer the same operations to the splice, per sync group of towers:
 
     moments(uploads)  every tower's (n, m, spread) → every tower's (N, μ, σ²)   one sync point forward
     sums(values)      every tower's [a, b, …]  → every tower's [Σa, Σb, …]     one sync point backward
+    shared_sums, extrema   the same for a reduction the rule found (a view's gradient sums later)
 
     gather.py       Gather: merged on one chosen device (the default)
-    allreduce.py    AllReduce: one packed collective per layer and direction, no central device
-    through_ps.py   ThroughPs: AllReduce's vectors summed across worker processes through queues
-                    on a parameter server, for steps that use a ps (no collective: see there)
+    allreduce.py    AllReduce: each tower's statistics packed into one vector, summed by a transport
+    transports.py   what a transport offers (reduce, and a registered gradient sum for the views)
+    collectives.py  Collectives, the transport of strategy "allreduce": collective all-reduces, their
+                    keys and gradient
+    through_ps.py   PsQueues, the transport of steps that use a parameter server: queues there (no
+                    collective: see there)
     queues.py       the queues' cross-process sum, in worker order
     views.py        statistics views, whose gradients sum the towers' at run time
     library.py      small tf.functions the exchanges call (the gathered merge, all-reduce packing)
-    collectives.py  collective all-reduces, their keys and gradient
     values.py       Synchronized (what a tower receives)
 """
 from __future__ import annotations
 
 from graphsync.errors import GraphsyncError
 from graphsync.exchange.allreduce import AllReduce
-from graphsync.exchange.collectives import differentiation
+from graphsync.exchange.collectives import Collectives, differentiation
 from graphsync.exchange.gather import Gather
-from graphsync.exchange.through_ps import ThroughPs
+from graphsync.exchange.through_ps import PsQueues
 from graphsync.exchange.values import Synchronized
 from graphsync.exchange.views import summed_gradient
 
-__all__ = ["AllReduce", "Gather", "Synchronized", "ThroughPs", "differentiation", "make_exchange",
+__all__ = ["AllReduce", "Collectives", "Gather", "PsQueues", "Synchronized", "differentiation", "make_exchange",
            "summed_gradient"]
 
 
@@ -38,7 +42,7 @@ def make_exchange(graph, strategy: str, device: str, groups, process_group=None,
             raise GraphsyncError("between-graph replication (process_group=) needs strategy='allreduce'")
         return Gather(graph, device, groups)
     if strategy == "allreduce":
-        if process_group is not None and ps_tasks:
-            return ThroughPs(graph, groups, process_group, ps_tasks, fingerprint)
-        return AllReduce(graph, groups, process_group, fingerprint)
+        transport = PsQueues(graph, groups, process_group, ps_tasks, fingerprint) \
+            if process_group is not None and ps_tasks else Collectives(graph, groups, process_group, fingerprint)
+        return AllReduce(graph, groups, transport)
     raise GraphsyncError(f"unknown strategy {strategy!r}: use 'gather' or 'allreduce'")

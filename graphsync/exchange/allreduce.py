@@ -1,62 +1,36 @@
-"""The strategy with no central device: each tower packs its statistics into one vector and runs
-one `CollectiveReduceV2` per layer and direction. The forward packs float64 [n, n·m, M2 + n·m²]
-(the count travels in the vector; float32 towers first make m and M2 exact with their residual,
-as the gathered merge does); in float64 the E[x²]-style cancellation costs
-~1e-16·(μ/σ)² relative, nothing up to |μ|/σ ≈ 1e4. Packing and unpacking
-are two small tf.functions traced once per process and called once per tower (one op each in
-the graph; TensorFlow inlines them before running, so a step runs the same kernels as if they
-were spelled out). The backward stacks the towers' [a, b] and reduces them in their own dtype.
-Collectives span processes too (between-graph replication).
+"""The strategy with no central device: each tower packs its statistics into one vector, a
+transport (graphsync/exchange/transports.py) sums the vectors over the towers, and each tower
+unpacks the totals. The forward packs float64 [n, n·m, M2 + n·m²] (the count travels in the vector;
+float32 towers first make m and M2 exact with their residual, as the gathered merge does); in
+float64 the E[x²]-style cancellation costs ~1e-16·(μ/σ)² relative, nothing up to |μ|/σ ≈ 1e4.
+Packing and unpacking are two small tf.functions traced once per process and called once per tower
+(one op each in the graph; TensorFlow inlines them before running, so a step runs the same kernels
+as if they were spelled out). The backward stacks the towers' [a, b] and reduces them in their own
+dtype. The transports: collectives (graphsync/exchange/collectives.py, in-graph or between worker
+processes) and queues on a parameter server (graphsync/exchange/through_ps.py).
 """
 from __future__ import annotations
 
 import tensorflow as tf
 
 from graphsync.exchange import library
-from graphsync.exchange.collectives import CollectiveKeys, all_reduce, allreduce_keys, cross_process_group_key
-from graphsync.between_graph.process_group import ProcessGroup
+from graphsync.exchange.transports import Transport
 from graphsync.exchange.values import Synchronized
 from graphsync.exchange.views import sum_view, view
 from graphsync.graph.tf_private import FastOps, pristine_scope
 
 
 class AllReduce:
-    """Statistics summed by one collective per layer and direction on the towers' own devices."""
+    """Statistics packed per tower and summed by `transport`, one sum per layer and direction."""
 
-    name = "allreduce"
-
-    def __init__(self, graph: tf.Graph, groups, process_group: ProcessGroup | None = None, fingerprint: int = 0):
-        self.groups, self.process_group = groups, process_group
-        self.keys = allreduce_keys.setdefault(graph, CollectiveKeys(graph))
+    def __init__(self, graph: tf.Graph, groups, transport: Transport):
+        self.groups, self.transport = groups, transport
         self.ops = FastOps(graph)
-        self.group_keys = [self.keys.new() for _ in groups]
-        if process_group is not None:   # workers whose layers differ never join the same groups
-            self.group_keys = [cross_process_group_key(fingerprint, g) for g in range(len(groups))]
-        self.scale = process_group.tasks if process_group else 1
-        self.timeout = process_group.timeout if process_group else 0.0
 
-    def _reduce(self, graph, layer, sites, packed, name, merge="Add"):
-        """All-reduces each tower's packed vector. Returns, per tower, the reduced vector and what
-        its first reader must wait for: one NoOp (on the group's first device) after every
-        collective of the group, so fetching one tower's result never leaves another tower's
-        collective unrun. A barrier costs 2·(towers − 1) cross-device control edges per layer and
-        direction where every tower waiting on every peer cost towers·(towers − 1) (+8 % step
-        time at 4 towers, measured)."""
-        out = [None] * len(sites)
-        for g, members in enumerate(self.groups):
-            instance = self.keys.new()
-            reduced = {}
-            for i in members:
-                with pristine_scope(graph, sites[i].device, f"{sites[i].op.name}_sync/{name}"):
-                    reduced[i] = all_reduce(packed[i], len(members) * self.scale, self.group_keys[g], instance,
-                                            ops=self.ops, timeout=self.timeout, merge=merge)
-            first = sites[members[0]]
-            with pristine_scope(graph, first.device, f"{first.op.name}_sync/{name}"), \
-                    graph.control_dependencies([reduced[i].op for i in members]):
-                barrier = tf.no_op(name="all_reduced")
-            for i in members:
-                out[i] = (reduced[i], [barrier], g, instance)
-        return out
+    @property
+    def name(self) -> str:
+        """The strategy reports name: "allreduce", or "ps" through a parameter server."""
+        return self.transport.name
 
     def moments(self, graph, layer, sites, uploads, spread="m2") -> list[Synchronized]:
         """Each tower packs, all-reduces and unpacks through two library functions (one call op
@@ -78,12 +52,12 @@ class AllReduce:
             packed.append(vector)
             counts.append(n)
         out = []
-        reduced = self._reduce(graph, layer, sites, packed, "forward")
-        for i, (site, upload, (vector, peers, g, instance), n) in enumerate(zip(sites, uploads, reduced, counts)):
+        reduced = self.transport.reduce(graph, layer, sites, packed, "forward")
+        for i, (site, upload, r, n) in enumerate(zip(sites, uploads, reduced, counts)):
             like = upload[1]
-            with pristine_scope(graph, site.device, site.op.name + "_sync"), graph.control_dependencies(peers):
-                unpack = library.traced(_unpack_moments, (spread,), library.static_specs([vector, like]))
-                total, *moments = self.ops.call(unpack, [vector, like], "unpack")
+            with pristine_scope(graph, site.device, site.op.name + "_sync"), graph.control_dependencies(r.peers):
+                unpack = library.traced(_unpack_moments, (spread,), library.static_specs([r.total, like]))
+                total, *moments = self.ops.call(unpack, [r.total, like], "unpack")
             total.set_shape([])
             for t in moments[:2]:
                 t.set_shape(like.shape)
@@ -91,13 +65,12 @@ class AllReduce:
                 moments[2].set_shape([])
             s = Synchronized(n, total, moments[0], moments[1], None)
             out.append(view(graph, site, s, upload, spread, moments[2] if spread == "bessel" else None,
-                            **self._view_keys(g, instance, self.groups[g].index(i))))
+                            **self._view_keys(r, i)))
         return out
 
-    def _view_keys(self, g, instance, member):
-        """How a view's gradient (graphsync/exchange/views.py) finds the other towers of group `g`."""
-        return dict(members=len(self.groups[g]) * self.scale, group_key=self.group_keys[g],
-                    instance_key=instance, timeout_ms=round(self.timeout * 1000))
+    def _view_keys(self, reduced, i):
+        """How a view's gradient (graphsync/exchange/views.py) finds tower i's group again."""
+        return dict(reduced.keys, member=self.groups[reduced.group].index(i))
 
     def sums(self, graph, layer, sites, values, tag, finish=None) -> list[list]:
         """Cross-tower sums of each tower's values, passed through `finish(sums, tower index, ops)`
@@ -109,9 +82,8 @@ class AllReduce:
         its gradient, built later, all-reduces the towers' at run time; the other totals are
         constants to the gradients (counts)."""
         out = []
-        for i, (totals, (g, instance)) in enumerate(self._sums(graph, layer, sites, values, tag)):
-            shared = sum_view(graph, sites[i], totals[0], values[i][0],
-                              **self._view_keys(g, instance, self.groups[g].index(i)))
+        for i, (totals, reduced) in enumerate(self._sums(graph, layer, sites, values, tag)):
+            shared = sum_view(graph, sites[i], totals[0], values[i][0], **self._view_keys(reduced, i))
             with pristine_scope(graph, sites[i].device, f"{sites[i].op.name}_sync/unpack_{tag}"):
                 out.append([shared] + [tf.stop_gradient(t) for t in totals[1:]])
         return out
@@ -120,16 +92,16 @@ class AllReduce:
         """Per tower: (the elementwise `kind` ("Max" or "Min") of every tower's value, the keys of
         a view of it, graphsync/exchange/views.py)."""
         out = []
-        for i, (vector, peers, g, instance) in enumerate(self._reduce(graph, layer, sites, list(values), tag, merge=kind)):
+        for i, r in enumerate(self.transport.reduce(graph, layer, sites, list(values), tag, merge=kind)):
             with pristine_scope(graph, sites[i].device, f"{sites[i].op.name}_sync/{tag}"), \
-                    graph.control_dependencies(peers):
-                total = tf.identity(vector, name="extremum")
+                    graph.control_dependencies(r.peers):
+                total = tf.identity(r.total, name="extremum")
             total.set_shape(values[i].shape)
-            out.append((total, self._view_keys(g, instance, self.groups[g].index(i))))
+            out.append((total, self._view_keys(r, i)))
         return out
 
     def _sums(self, graph, layer, sites, values, tag, finish=None) -> list[tuple]:
-        """Per tower: (its totals, (its sync group, the collective's instance key))."""
+        """Per tower: (its totals, what the transport's reduce returned for it)."""
         ops, packed, layouts = self.ops, [], []
         for site, vals in zip(sites, values):
             stackable = all(v.dtype == vals[0].dtype and v.shape.is_fully_defined() and v.shape == vals[0].shape
@@ -143,17 +115,18 @@ class AllReduce:
                     packed.append(tf.concat([tf.reshape(tf.cast(v, dtype), [-1]) for v in vals], 0))
                     layouts.append([(_shape_of(v), tf.size(v), v.dtype) for v in vals])
         out = []
-        for i, (site, vals, (vector, peers, g, instance), layout) in enumerate(zip(sites, values, self._reduce(
+        for i, (site, vals, r, layout) in enumerate(zip(sites, values, self.transport.reduce(
                 graph, layer, sites, packed, tag), layouts)):
+            vector = r.total
             with pristine_scope(graph, site.device, f"{site.op.name}_sync/unpack_{tag}"), \
-                    graph.control_dependencies(peers):
+                    graph.control_dependencies(r.peers):
                 if layout is None:
                     totals = ops.unstack(vector, len(vals)) if len(vals) > 1 else [ops.unary("Identity", vector)]
                 else:
                     pieces = tf.split(vector, [size for _, size, _ in layout])
                     totals = [tf.cast(tf.reshape(p, shape), dt) for p, (shape, _, dt) in zip(pieces, layout)]
             with pristine_scope(graph, site.device, f"{site.op.name}_sync/unpack_{tag}"):
-                out.append((finish(list(totals), i, ops) if finish is not None else list(totals), (g, instance)))
+                out.append((finish(list(totals), i, ops) if finish is not None else list(totals), r))
         return out
 
 

@@ -1,6 +1,7 @@
 """Collective all-reduces and their keys: group and instance keys handed out in the same order in
-every process that builds the same graph, and the gradient of an all-reduce (another all-reduce
-whose key every tower's k-th tf.gradients call agrees on).
+every process that builds the same graph, the gradient of an all-reduce (another all-reduce whose
+key every tower's k-th tf.gradients call agrees on), and the transport built on them
+(`Collectives`, graphsync/exchange/transports.py).
 """
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import weakref
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
-from graphsync.graph.tf_private import create_op
+from graphsync.exchange import transports
+from graphsync.exchange.transports import Reduced
+from graphsync.graph.tf_private import FastOps, create_op, pristine_scope
 from graphsync.graph.op_types import COLLECTIVE_TYPES
 
 ALLREDUCE_GRADIENT = "GraphsyncAllReduce"
@@ -105,3 +108,56 @@ def cross_process_group_key(fingerprint: int, group: int) -> int:
     for each other in vain (and time out) instead of averaging unrelated statistics. Keys lie in
     [2^29, 2^30): clear of CollectiveKeys' counter and of int32 overflow."""
     return (1 << 29) + (fingerprint + group) % (1 << 28)
+
+
+class Collectives:
+    """The transport of strategy "allreduce": one CollectiveReduceV2 per layer and direction on the
+    towers' own devices, across worker processes too (`process_group`)."""
+
+    name = "allreduce"
+
+    def __init__(self, graph: tf.Graph, groups, process_group=None, fingerprint: int = 0):
+        self.groups = groups
+        self.keys = allreduce_keys.setdefault(graph, CollectiveKeys(graph))
+        self.ops = FastOps(graph)
+        self.group_keys = [self.keys.new() for _ in groups]
+        if process_group is not None:   # workers whose layers differ never join the same groups
+            self.group_keys = [cross_process_group_key(fingerprint, g) for g in range(len(groups))]
+        self.scale = process_group.tasks if process_group else 1
+        self.timeout = process_group.timeout if process_group else 0.0
+
+    def reduce(self, graph, layer, sites, packed, tag, merge="Add") -> list[Reduced]:
+        """All-reduces each tower's packed vector. Each tower's first reader waits for one NoOp (on
+        the group's first device) after every collective of the group, so fetching one tower's
+        result never leaves another tower's collective unrun. A barrier costs 2·(towers − 1)
+        cross-device control edges per layer and direction where every tower waiting on every peer
+        cost towers·(towers − 1) (+8 % step time at 4 towers, measured)."""
+        out = [None] * len(sites)
+        for g, members in enumerate(self.groups):
+            instance = self.keys.new()
+            reduced = {}
+            for i in members:
+                with pristine_scope(graph, sites[i].device, f"{sites[i].op.name}_sync/{tag}"):
+                    reduced[i] = all_reduce(packed[i], len(members) * self.scale, self.group_keys[g], instance,
+                                            ops=self.ops, timeout=self.timeout, merge=merge)
+            first = sites[members[0]]
+            with pristine_scope(graph, first.device, f"{first.op.name}_sync/{tag}"), \
+                    graph.control_dependencies([reduced[i].op for i in members]):
+                barrier = tf.no_op(name="all_reduced")
+            keys = dict(transport="collective", members=len(members) * self.scale, group_key=self.group_keys[g],
+                        instance_key=instance, timeout_ms=round(self.timeout * 1000))
+            for i in members:
+                out[i] = Reduced(reduced[i], [barrier], g, keys)
+        return out
+
+
+@transports.registers_gradient_sum("collective")
+def _collective_gradient_sum(op, contribution, k):
+    """Another all-reduce, keyed by the forward's instance key and k: every tower's k-th gradient
+    call joins the same one."""
+    members, group_key, forward_key, timeout_ms = (op.get_attr(f"_graphsync_{name}")
+                                                   for name in ("members", "group_key", "instance_key", "timeout_ms"))
+    site = op.name.rsplit("_sync/", 1)[0]
+    with pristine_scope(op.graph, op.device, f"{site}_sync/backward_statistics"):
+        return all_reduce(contribution, members, group_key, backward_key(op.graph, forward_key, k),
+                          timeout=timeout_ms / 1000)

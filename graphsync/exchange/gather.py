@@ -7,9 +7,9 @@ from __future__ import annotations
 import tensorflow as tf
 
 from graphsync import stats
-from graphsync.exchange import library
+from graphsync.exchange import library, transports
 from graphsync.exchange.values import Synchronized
-from graphsync.exchange.views import sum_view, view
+from graphsync.exchange.views import gathered_sum, sum_view, view
 from graphsync.graph.tf_private import FastOps, pristine_scope
 
 AGGREGATION_SCOPE = "graphsync"
@@ -43,7 +43,7 @@ class Gather:
                 out[i] = Synchronized(count, total, mean, variance, bessel)
                 if not layer.has_gradients:
                     out[i] = view(graph, sites[i], out[i], uploads[i], spread, factor,
-                                   members=len(members), member=member)
+                                   transport="gather", members=len(members), member=member)
         return out
 
     def sums(self, graph, layer, sites, values, tag, finish=None) -> list[list]:
@@ -66,7 +66,8 @@ class Gather:
         out = self.sums(graph, layer, sites, values, tag)
         for members in self.groups:
             for member, i in enumerate(members):
-                shared = sum_view(graph, sites[i], out[i][0], values[i][0], members=len(members), member=member)
+                shared = sum_view(graph, sites[i], out[i][0], values[i][0], transport="gather",
+                                  members=len(members), member=member)
                 with pristine_scope(graph, sites[i].device, sites[i].op.name + "_sync"):
                     out[i] = [shared] + [tf.stop_gradient(t) for t in out[i][1:]]
         return out
@@ -80,8 +81,17 @@ class Gather:
             with pristine_scope(graph, self.device, self._scope(layer, tag, g)):
                 total = reduce(tf.stack([values[i] for i in members]), 0, name="extremum")
             for member, i in enumerate(members):
-                out[i] = (total, dict(members=len(members), member=member))
+                out[i] = (total, dict(transport="gather", members=len(members), member=member))
         return out
+
+
+@transports.registers_gradient_sum("gather")
+def _gathered_gradient_sum(op, contribution, k):
+    """One AddN on the aggregation device, beside the forward's merge (graphsync/<layer>/backward_statistics…)."""
+    merged = op.inputs[0]
+    scope, _, phase = merged.op.name.rpartition("/")[0].rpartition("/")
+    return gathered_sum(op, contribution, k, merged.name, merged.device,
+                        f"{scope}/{phase.replace('forward', 'backward_statistics', 1)}", op.get_attr("_graphsync_members"))
 
 
 def _merged(ops, sizes, means, spreads, residuals=(), spread="m2", epsilon=None):

@@ -1,5 +1,5 @@
-"""The strategy of parameter-server jobs: statistics summed across worker processes through queues
-on a ps task, not through collectives.
+"""The transport of parameter-server jobs (graphsync/exchange/transports.py): statistics summed
+across worker processes through queues on a ps task, not through collectives.
 
 Why not collectives: a step with a collective gets its step id from the group leader, the same in
 every worker, and a ps that runs part of several workers' steps (variables, the global step, sync
@@ -9,7 +9,7 @@ ops placed on a ps the step already uses (graphsync/exchange/queues.py: one FIFO
 direction and worker, summed in worker order on the ps), so each worker's step keeps its own
 random step id and the ps tells them apart as it does without graphsync.
 
-Everything else is AllReduce's: the same packed vectors (float64 [n, n·m, M2 + n·m²] forward, the
+Everything else is the packed strategy's (graphsync/exchange/allreduce.py): the same packed vectors (float64 [n, n·m, M2 + n·m²] forward, the
 stacked [a, b] backward), packed and unpacked by the same functions, so the statistics are the same
 numbers; the towers of a worker in one sync group first add theirs on the group's first device, in
 tower order. The reductions the rule finds take the same way (a `Max` or `Min` merged by its
@@ -31,10 +31,13 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+import weakref
+
 from graphsync.between_graph.process_group import ProcessGroup
 from graphsync.errors import GraphsyncError
-from graphsync.exchange import queues
-from graphsync.exchange.allreduce import AllReduce
+from graphsync.exchange import queues, transports
+from graphsync.exchange.transports import Reduced
+from graphsync.exchange.views import gathered_sum
 from graphsync.graph.tf_private import FastOps, pristine_scope
 
 
@@ -42,7 +45,7 @@ _LOCAL_EXTREMA = {"Max": lambda values: tf.reduce_max(tf.stack(values), 0, name=
                   "Min": lambda values: tf.reduce_min(tf.stack(values), 0, name="extremum")}
 
 
-class ThroughPs(AllReduce):
+class PsQueues:
     """Statistics summed across worker processes by queues on the ps tasks `ps_tasks`
     ("/job:ps/replica:0/task:0", …)."""
 
@@ -69,8 +72,8 @@ class ThroughPs(AllReduce):
             self._placed[layer.name] = min(self.ps_devices, key=lambda device: load[device])
         return self._placed[layer.name]
 
-    def _reduce(self, graph, layer, sites, packed, name, merge="Add"):
-        """Per tower: (its group's total, no barrier, the group, the queues' base name)."""
+    def reduce(self, graph, layer, sites, packed, name, merge="Add") -> list[Reduced]:
+        """Per tower: its group's total (no barrier), and the keys of its group's queues."""
         out = [None] * len(sites)
         for g, members in enumerate(self.groups):
             base = f"{self.prefix}/{layer.name}/{name}" + (f"/group{g}" if len(self.groups) > 1 else "")
@@ -86,15 +89,11 @@ class ThroughPs(AllReduce):
                         _LOCAL_EXTREMA[merge]([packed[i] for i in members])
             total = queues.summed(graph, local, base, self._bases[base], self.process_group.index,
                                   self.process_group.tasks, first.device, scope, merge)
+            keys = dict(transport="queues", members=len(members), queue=base, ps=self._bases[base],
+                        worker=self.process_group.index, workers=self.process_group.tasks)
             for i in members:
-                out[i] = (total, [], g, base)
+                out[i] = Reduced(total, [], g, keys)
         return out
-
-    def _view_keys(self, g, base, member):
-        """How a view's gradient sums group `g`: its towers here (AddN), then the queues on the
-        same ps as the forward's, named after it."""
-        return dict(members=len(self.groups[g]), member=member, queue=base, ps=self._bases[base],
-                    worker=self.process_group.index, workers=self.process_group.tasks)
 
 
 def _statistics_size(layer) -> int:
@@ -103,3 +102,23 @@ def _statistics_size(layer) -> int:
     x = site.parts.x if getattr(site.parts, "x", None) is not None else site.op.inputs[0]
     dims = x.shape.as_list() if x.shape.rank is not None else []
     return int(np.prod([d or 1 for a, d in enumerate(dims) if a not in layer.layout.axes]))
+
+
+_gradient_totals = weakref.WeakKeyDictionary()   # graph → {(queue base, k): the workers' total}
+
+
+@transports.registers_gradient_sum("queues")
+def _queued_gradient_sum(op, contribution, k):
+    """The towers of this worker summed by one AddN each tower's gradient call fills in (on the
+    device of the first tower whose call builds it), then every worker's sum through queues on the
+    forward's ps (graphsync/exchange/queues.py), named after the forward's and `k`."""
+    base, ps = (op.get_attr(f"_graphsync_{name}").decode() for name in ("queue", "ps"))
+    members, worker, workers = (op.get_attr(f"_graphsync_{name}") for name in ("members", "worker", "workers"))
+    key = "_".join(map(str, k)) if isinstance(k, tuple) else str(k)   # e.g. ("y", 0): the fused backward
+    scope = f"{op.name.rsplit('_sync/', 1)[0]}_sync/backward_statistics_{key}"
+    local = contribution if members == 1 else gathered_sum(op, contribution, k, base, op.device, scope, members)
+    totals = _gradient_totals.setdefault(op.graph, {})
+    if (base, k) not in totals:
+        totals[(base, k)] = queues.summed(op.graph, local, f"{base}/gradient_{key}", ps, worker, workers, op.device,
+                                          scope)
+    return totals[(base, k)]

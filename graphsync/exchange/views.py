@@ -21,8 +21,8 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
-from graphsync.exchange import queues
-from graphsync.exchange.collectives import all_reduce, backward_key, differentiation
+from graphsync.exchange import transports
+from graphsync.exchange.collectives import differentiation
 from graphsync.exchange.values import Synchronized
 from graphsync.graph.tf_private import create_op, pristine_scope, update_input
 
@@ -61,7 +61,8 @@ def view(graph, site, s: Synchronized, upload, spread: str, factor=None, **keys)
 
 
 def _key_attrs(keys: dict) -> dict:
-    """A view's keys as the attributes its gradient reads back: strings and ints."""
+    """A view's keys as the attributes its gradient reads back: strings and ints; `transport`, the
+    name its gradient sum is registered under (graphsync/exchange/transports.py)."""
     return {f"_graphsync_{name}": attr_value_pb2.AttrValue(s=value.encode()) if isinstance(value, str)
             else attr_value_pb2.AttrValue(i=int(value)) for name, value in keys.items()}
 
@@ -138,58 +139,26 @@ def view_gradient(op, d_mean, d_variance, *_unused):
 
 def summed_gradient(op, contribution, k):
     """Σ over the towers of the sync group of view `op` of their `contribution` to the gradient
-    call `k` (the k-th differentiation, or any key that pairs the towers' calls), at run time."""
+    call `k` (the k-th differentiation, or any key that pairs the towers' calls), at run time,
+    through the transport the view names (graphsync/exchange/transports.py)."""
+    return transports.gradient_sum(op, contribution, k)
+
+
+def gathered_sum(op, contribution, k, key, device: str, scope: str, members: int) -> tf.Tensor:
+    """One AddN per (key, k) on `device` under `scope`, which each tower's gradient call fills in at
+    its place (`_graphsync_member`): the towers' contributions summed in tower order. A tower whose
+    call never builds it leaves an error in its place (`_missing_tower`)."""
     graph = op.graph
-    if "_graphsync_group_key" in op.node_def.attr:
-        members, group_key, forward_key, timeout_ms = (op.get_attr(f"_graphsync_{name}")
-                                                       for name in ("members", "group_key", "instance_key", "timeout_ms"))
-        site = op.name.rsplit("_sync/", 1)[0]
-        with pristine_scope(graph, op.device, f"{site}_sync/backward_statistics"):
-            return all_reduce(contribution, members, group_key, backward_key(graph, forward_key, k),
-                              timeout=timeout_ms / 1000)
-    if "_graphsync_queue" in op.node_def.attr:
-        return _summed_through_ps(op, contribution, k)
-    merged = op.inputs[0]
     table = _gathered_gradients.setdefault(graph, {})
-    if (merged.name, k) not in table:
-        scope, _, phase = merged.op.name.rpartition("/")[0].rpartition("/")
-        members = op.get_attr("_graphsync_members")
-        with pristine_scope(graph, merged.device, f"{scope}/{phase.replace('forward', 'backward_statistics', 1)}"):
-            missing = _missing_tower(contribution)
-            table[(merged.name, k)] = create_op(
-                graph, "AddN", [missing] * members,
+    if (key, k) not in table:
+        with pristine_scope(graph, device, scope):
+            table[(key, k)] = create_op(
+                graph, "AddN", [_missing_tower(contribution)] * members,
                 {"T": attr_value_pb2.AttrValue(type=contribution.dtype.as_datatype_enum),
                  "N": attr_value_pb2.AttrValue(i=members)}, "sum")
-    total = table[(merged.name, k)]
+    total = table[(key, k)]
     update_input(total, op.get_attr("_graphsync_member"), contribution)
     return total.outputs[0]
-
-
-def _summed_through_ps(op, contribution, k):
-    """The towers of this worker summed by one AddN each tower's gradient call fills in (on the
-    device of the first tower whose call builds it), then every worker's sum through queues on the
-    forward's ps (graphsync/exchange/queues.py), named after the forward's and `k`."""
-    graph = op.graph
-    base, ps = (op.get_attr(f"_graphsync_{name}").decode() for name in ("queue", "ps"))
-    members, member, worker, workers = (op.get_attr(f"_graphsync_{name}")
-                                        for name in ("members", "member", "worker", "workers"))
-    table = _gathered_gradients.setdefault(graph, {})
-    if (base, k) not in table:
-        site = op.name.rsplit("_sync/", 1)[0]
-        key = "_".join(map(str, k)) if isinstance(k, tuple) else str(k)   # e.g. ("y", 0): the fused backward
-        scope = f"{site}_sync/backward_statistics_{key}"
-        local = contribution
-        if members > 1:
-            with pristine_scope(graph, op.device, scope):
-                local = create_op(graph, "AddN", [_missing_tower(contribution)] * members,
-                                  {"T": attr_value_pb2.AttrValue(type=contribution.dtype.as_datatype_enum),
-                                   "N": attr_value_pb2.AttrValue(i=members)}, "sum").outputs[0]
-        summed = queues.summed(graph, local, f"{base}/gradient_{key}", ps, worker, workers, op.device, scope)
-        table[(base, k)] = (local.op if members > 1 else None, summed)
-    local_sum, total = table[(base, k)]
-    if local_sum is not None:
-        update_input(local_sum, member, contribution)
-    return total
 
 
 def _missing_tower(like: tf.Tensor) -> tf.Tensor:

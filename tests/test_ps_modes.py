@@ -313,6 +313,23 @@ def test_layers_take_the_ps_tasks_in_turn():
     assert devices == {"bn1": "/job:ps/replica:0/task:0/device:CPU:0", "bn2": "/job:ps/replica:0/task:1/device:CPU:0"}
 
 
+def test_layers_go_to_the_least_loaded_ps_task_by_size():
+    """A wide layer first, then three narrow ones: the wide one fills ps task 0, the narrow ones go
+    to task 1 (round-robin would put two narrow ones beside the wide one)."""
+    graph = tf.Graph()
+    here = "/job:worker/replica:0/task:1/device:CPU:0"
+    with graph.as_default(), tf1.device(tf1.train.replica_device_setter(worker_device=here, ps_tasks=2)):
+        h = tf1.placeholder(tf.float32, [None, 6, 6, 3])
+        for i, channels in enumerate([64, 4, 4, 4]):
+            h = tf1.layers.batch_normalization(tf1.layers.conv2d(h, channels, 3, padding="same", name=f"conv{i}"),
+                                               training=True, name=f"bn{i}")
+        tf1.train.GradientDescentOptimizer(0.1).minimize(tf.reduce_sum(h))
+    graphsync.rewrite_towers(graph, strategy="allreduce", process_group=graphsync.ProcessGroup(2, 1))
+    devices = {op.get_attr("shared_name").decode().split("/")[2]: op.device[len("/job:ps/replica:0/task:"):][0]
+               for op in graph.get_operations() if op.type == "FIFOQueueV2"}
+    assert devices == {"bn0": "0", "bn1": "1", "bn2": "1", "bn3": "1"}, devices
+
+
 CHANNELS, WORKER_SIZES = 16, [2, 3, 4]
 
 

@@ -36,6 +36,7 @@ take 62–81 s and 78–94 s (3 runs).
 import functools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -65,20 +66,20 @@ TOLERANCE = 2e-5
 
 
 @functools.lru_cache(maxsize=None)
-def reference():
+def reference(sizes=tuple(SIZES)):
     with behaviours.behaviour("v1"):   # as the script builds its graphs
-        return ps_monitored.reference(SIZES, STEPS)
+        return ps_monitored.reference(list(sizes), STEPS)
 
 
 class Task:
     """One task's process; its stdout and stderr lines with the time each arrived."""
 
-    def __init__(self, runner, spec, job, index, out, checkpoints, args=()):
+    def __init__(self, runner, spec, job, index, out, checkpoints, args=(), sizes=SIZES):
         env = dict(cl.env_for_children(), TF_CPP_MIN_LOG_LEVEL="3", PYTHONWARNINGS="ignore",
                    TF_CONFIG=json.dumps({"cluster": spec, "task": {"type": job, "index": index}}))
         env["PYTHONPATH"] = os.pathsep.join([SCRIPTS, env["PYTHONPATH"]])   # the script imports ps_train
         self.job, self.index, self.out = job, index, out
-        self.proc = subprocess.Popen(runner + [SCRIPT, str(out), str(checkpoints), "--sizes", ",".join(map(str, SIZES)),
+        self.proc = subprocess.Popen(runner + [SCRIPT, str(out), str(checkpoints), "--sizes", ",".join(map(str, sizes)),
                                                "--steps", str(STEPS), "--worker-wait", "1"] + list(args),
                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.lines, self.stderr_lines, self.ended = [], [], None
@@ -125,35 +126,35 @@ class Task:
             self.proc.wait(timeout=30)
 
 
-def start_job(tmp, runner, checkpoints, per_worker=None):
-    """1 ps + one worker per shard of SIZES running ps_monitored.py: [Task], ps first."""
+def start_job(tmp, runner, checkpoints, per_worker=None, ps=1, sizes=SIZES):
+    """`ps` ps tasks + one worker per shard of `sizes` running ps_monitored.py: [Task], ps first."""
     tmp.mkdir(parents=True, exist_ok=True)
-    spec = cl.cluster_spec({"ps": 1, "worker": len(SIZES)})
-    return [Task(runner, spec, job, index, tmp / f"{job}{index}.npz", checkpoints, (per_worker or {}).get(index, ()))
-            for job, index in [("ps", 0)] + [("worker", i) for i in range(len(SIZES))]]
+    spec = cl.cluster_spec({"ps": ps, "worker": len(sizes)})
+    return [Task(runner, spec, job, index, tmp / f"{job}{index}.npz", checkpoints, (per_worker or {}).get(index, ()),
+                 sizes) for job, index in [("ps", i) for i in range(ps)] + [("worker", i) for i in range(len(sizes))]]
 
 
-def run_job(tmp, runner, checkpoints):
-    """A whole job, every worker to the end (the ps, which never exits, killed after): the workers."""
+def run_job(tmp, runner, checkpoints, ps=1, sizes=SIZES):
+    """A whole job, every worker to the end (the ps tasks, which never exit, killed after): the workers."""
     began = time.monotonic()
-    tasks = start_job(tmp, runner, checkpoints)
+    tasks = start_job(tmp, runner, checkpoints, ps=ps, sizes=sizes)
     try:
-        for task in tasks[1:]:
+        for task in tasks[ps:]:
             assert task.wait() == 0, f"worker {task.index}:\n{task.stderr[-3000:]}"
     finally:
         for task in tasks:
             task.stop()
     print(f"{' '.join(runner[1:]) or 'plain python'}: the job took {time.monotonic() - began:.1f} s")
-    return tasks[1:]
+    return tasks[ps:]
 
 
-def errors(workers, first_step=0):
+def errors(workers, first_step=0, sizes=SIZES):
     """Per worker: the largest relative error of its steps from `first_step` on, against one device."""
-    ref, found = reference(), []
+    ref, found = reference(tuple(sizes)), []
     for worker in workers:
         got = dict(np.load(worker.out))
         begun, ended = got["global_steps"]   # a worker that starts late may see others' first increments
-        assert begun // len(SIZES) == first_step and ended == STEPS * len(SIZES), got["global_steps"]
+        assert begun // len(sizes) == first_step and ended == STEPS * len(sizes), got["global_steps"]
         found.append({"stats": tl.max_rel_error(got["stats"], ref["stats"][first_step:]),
                       "loss": tl.max_rel_error(got["loss"], ref["loss"][first_step:, worker.index]),
                       "variables": tl.max_rel_error(got["variables"], ref["variables"]),
@@ -175,6 +176,24 @@ def test_a_monitored_training_session_job_equals_one_device(tmp_path):
     print(f"graphsync run, 1 ps + 3 workers {SIZES}, {STEPS} steps:", found)
     assert worst(found) < TOLERANCE, found
     plain = errors(run_job(tmp_path / "plain", PLAIN, tmp_path / "plain" / "checkpoints"))
+    print("plain python:", plain)
+    assert min(e["stats"] for e in plain) > 1e-2, plain
+
+
+def test_a_two_ps_four_worker_job_equals_one_device(tmp_path):
+    """2 ps tasks (replica_device_setter spreads the variables, graphsync the layers' queues by size)
+    and 4 workers of uneven shards: every worker within tolerance of one device; plain python is not."""
+    sizes = (3, 5, 2, 4)
+    synced = run_job(tmp_path / "synced", SYNCED, tmp_path / "synced" / "checkpoints", ps=2, sizes=sizes)
+    for worker in synced:
+        assert re.search(r"graphsync: 2 layers × 1 tower synchronized through queues on /job:ps/replica:0/task:0, "
+                         r"/job:ps/replica:0/task:1 across 4 worker processes", worker.stderr), worker.stderr[-3000:]
+        assert "Traceback" not in worker.stderr and "Aborted" not in worker.stderr, worker.stderr[-3000:]
+    found = errors(synced, sizes=sizes)
+    print(f"graphsync run, 2 ps + 4 workers {sizes}, {STEPS} steps:", found)
+    assert worst(found) < TOLERANCE, found
+    plain = errors(run_job(tmp_path / "plain", PLAIN, tmp_path / "plain" / "checkpoints", ps=2, sizes=sizes),
+                   sizes=sizes)
     print("plain python:", plain)
     assert min(e["stats"] for e in plain) > 1e-2, plain
 

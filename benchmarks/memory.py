@@ -51,7 +51,8 @@ import numpy as np  # noqa: E402
 import graphsync  # noqa: E402
 import models  # noqa: E402
 
-VARIANTS = {"original": False, "synced": True, "recompute": {"recompute": True}}
+VARIANTS = {"original": False, "synced": True, "recompute": {"recompute": True},
+            "segments": {"recompute": "segments"}}
 MiB = 2.0 ** 20
 
 
@@ -92,7 +93,7 @@ def run(arch, batch, rounds, steps, warmup, log):
     times = {n: [] for n in variants}
     names = list(variants)
     for r in range(rounds):
-        for name in names[r % 3:] + names[:r % 3]:
+        for name in names[r % len(names):] + names[:r % len(names)]:
             peak, seconds = variants[name].measure(steps)
             peaks[name].append(peak / TOWERS)
             times[name].append(seconds)

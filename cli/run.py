@@ -107,7 +107,7 @@ def run(module, towers, device, strategy, group_size, recompute, peer_timeout, h
     options = {k: v for k, v in (("towers", towers), ("device", device), ("strategy", strategy),
                                  ("group_size", group_size)) if v is not None}
     if recompute:
-        options["recompute"] = True
+        options["recompute"] = recompute
     autosync = BetweenGraphSync(on_error=on_error, quiet=quiet, verbose=verbose, peer_timeout=peer_timeout,
                                 heartbeat=heartbeat, **options)
     with autosync:

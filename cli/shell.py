@@ -255,11 +255,29 @@ strategy_option = click.option(
 group_size_option = click.option(
     "--group-size", type=click.IntRange(min=1), metavar="K",
     help="Synchronize within consecutive groups of K towers (default: all towers).")
+class RecomputeMode(click.ParamType):
+    """--recompute [layers|segments]: the option alone is `layers` (rewrite_towers(recompute=True));
+    what follows it is taken as its value, so a script path there gets a hint, not a puzzle."""
+
+    name = "layers|segments"
+    MODES = {"layers": True, "segments": "segments"}
+
+    def convert(self, value, param, ctx):
+        if value is True or value in self.MODES.values():
+            return value
+        if value in self.MODES:
+            return self.MODES[value]
+        self.fail(f"{value!r} is not a recompute mode: use `--recompute layers` or `--recompute segments` "
+                  "(the option alone means layers)", param, ctx)
+
+
 recompute_option = click.option(
-    "--recompute", is_flag=True,
-    help="The backward reads each batch norm's output, and the activation, scale and bias after it, "
-         "recomputed from the synchronized statistics: less memory, the same step bit for bit "
-         "(needs the gradients in the graph).")
+    "--recompute", type=RecomputeMode(), is_flag=False, flag_value="layers", default=None,
+    metavar="[layers|segments]",
+    help="layers (the option alone): the backward reads each batch norm's output, and the activation, "
+         "scale and bias after it, recomputed from the synchronized statistics. segments: whole forward "
+         "segments, convolutions included, recomputed from checkpoints graphsync chooses (about half the "
+         "memory). Either way the statistics are not recomputed and the step is the same bit for bit.")
 peer_timeout_option = click.option(
     "--peer-timeout", type=click.FloatRange(min=0), default=300, show_default=True, metavar="SECONDS",
     help="Between-graph workers: how long a worker waits for the others (at its first step, and, with "

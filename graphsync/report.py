@@ -37,7 +37,7 @@ class RewriteReport:
     process_group: tuple | None = None
     fingerprints: list = dataclasses.field(default_factory=list)   # per layer, between-graph only
     inlined: list = dataclasses.field(default_factory=list)   # tf.function calls inlined first (graphsync/splice/inline.py)
-    recompute: bool = False   # rewrite_towers(recompute=True)
+    recompute: str = ""       # "layers" (rewrite_towers(recompute=True)) or "segments"
     recomputed: int = 0       # tensors (all towers) the backward reads recomputed (graphsync/splice/recompute.py)
     recompute_deferred: int = 0   # layers rewritten before their gradients: recomputed when those are built
     shared_moving: str = ""   # between-graph: moving statistics on a ps left to worker 0 (graphsync/splice/shared_averages.py)
@@ -94,7 +94,8 @@ class RewriteReport:
         if self.recompute:
             later = f"; {self.recompute_deferred} layers when their gradients are built" \
                 if self.recompute_deferred else ""
-            lines.append(f"  recomputed in the backward: {self.recomputed} tensors{later}")
+            how = ", whole forward segments" if self.recompute == "segments" else ""
+            lines.append(f"  recomputed in the backward: {self.recomputed} tensors{how}{later}")
         if self.shared_moving:
             lines.append(f"  {self.shared_moving}")
         if self.inlined:

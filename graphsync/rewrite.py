@@ -14,7 +14,7 @@ import tensorflow as tf
 from graphsync.splice import inline
 from graphsync.graph import ref_races
 from graphsync.splice import layer as splice
-from graphsync.splice import reduction, ref_reads, shared_averages
+from graphsync.splice import reduction, ref_reads, segments, shared_averages
 from graphsync.graph import tf_private
 from graphsync.errors import GraphsyncError, GraphsyncWarning
 from graphsync.between_graph.process_group import ProcessGroup
@@ -22,7 +22,7 @@ from graphsync.exchange import make_exchange
 from graphsync.plan.data import Plan, digest, fingerprints
 from graphsync.plan import moving_updates, rule
 from graphsync.plan.normalizations import normalizations
-from graphsync.plan.planner import make_plan
+from graphsync.plan.planner import make_plan, recompute_mode
 from graphsync.report import LayerReport, RewriteReport, SkippedReport
 
 _rewritten_graphs = weakref.WeakSet()   # every graph rewrite_towers changed (see was_rewritten)
@@ -30,7 +30,7 @@ _rewritten_graphs = weakref.WeakSet()   # every graph rewrite_towers changed (se
 
 def rewrite_towers(graph: tf.Graph | None = None, *, towers=None, device: str | None = None,
                    strategy: str = "gather", group_size: int | None = None,
-                   process_group: ProcessGroup | None = None, recompute: bool = False) -> RewriteReport:
+                   process_group: ProcessGroup | None = None, recompute: bool | str = False) -> RewriteReport:
     """Makes every batch norm in every tower of `graph` use the statistics of the whole multi-tower
     batch, forward and backward, in place.
 
@@ -56,6 +56,9 @@ def rewrite_towers(graph: tf.Graph | None = None, *, towers=None, device: str | 
              bias after it, recomputed from the synchronized statistics once it reaches the layer,
              so the forward's tensors die after the forward (less memory, the same step bit for
              bit; graphsync/splice/recompute.py), with gradients built before the rewrite or after.
+             "segments": the backward reads whole forward segments — convolutions included —
+             recomputed from checkpoints about √n layers apart, from the statistics the forward
+             exchanged (about half the memory for one more forward; graphsync/splice/segments.py).
 
     Batch norm inside tf.function calls in the towers is inlined first (graphsync/splice/inline.py; the
     report lists the calls), gradient calls included, after a rehearsal on a copy of the graph.
@@ -63,6 +66,7 @@ def rewrite_towers(graph: tf.Graph | None = None, *, towers=None, device: str | 
     Raises GraphsyncError, leaving the graph untouched, when the graph cannot be rewritten.
     """
     graph = graph if graph is not None else tf.compat.v1.get_default_graph()
+    recompute_mode(recompute)   # a bad value fails before anything is inlined
     if graph.finalized:
         raise GraphsyncError("the graph is finalized (a MonitoredSession or Supervisor froze it): "
                              "call rewrite_towers() before creating the session")
@@ -101,14 +105,19 @@ def _rewrite(graph, towers, device, strategy, group_size, process_group, recompu
     moving_writes = moving_updates.writes_per_layer(plan.layers)
     shared_writes = shared_averages.shared_writes(plan)
     spliced = []
+    per_tower = {}   # recompute="segments": each tower's layers, in forward order
     version = graph.version   # the ops created from here on are the splice's
     for layer in plan.layers:
         made = reduction.splice_reduction(graph, layer, exchange) if layer.kind == "reduction" else \
             splice.splice_layer(graph, layer, exchange, recompute=plan.recompute)
         spliced.append(made.layer)
+        for site, entry in zip(made.layer.sites if made.layer else (), getattr(made, "segments", ())):
+            per_tower.setdefault(site.tower.label, []).append(entry)
         report.recomputed += made.recomputed
         report.edges_moved += made.edges
         report.grad_ops_replaced += made.grads_replaced
+    if plan.recompute == "segments":
+        report.recomputed += segments.place(graph, list(per_tower.values())).tensors
     report.layers.extend(_layer_reports(plan.layers))
     _check(spliced)
     if plan.layers:   # the analysis again, on the result: no batch statistic left per tower

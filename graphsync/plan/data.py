@@ -113,7 +113,8 @@ class Plan:
     ps_tasks: tuple = ()   # between-graph: the parameter servers the step uses (plan/shared_tasks.py)
     found_by: str = ""     # how the towers were found: "known name", "structure: gpu_%d", "towers= option"
     calls: tuple = ()      # tower tf.function calls to inline first (splice/inline.py)
-    recompute: bool = False   # the backward reads recomputed normalized outputs (splice/recompute.py)
+    recompute: str = ""   # "layers": the backward reads recomputed normalized outputs (splice/recompute.py);
+                          # "segments": recomputed forward segments (splice/segments.py)
     cross_example: tuple = ()   # every op combining examples, with its verdict (plan/rule.py Verdict)
     trace_ended: tuple = ()     # (op name, why) where the batch axis's trace ended (batch_axis/)
     unfollowed: tuple = ()      # reductions past those ends the model reads back (match/unfollowed.py)

@@ -24,6 +24,18 @@ from graphsync.towers import structure as tower_structure
 from graphsync.towers.scopes import ROOT, Tower, conventional_families, find_towers, known_convention, tower_of
 
 
+def recompute_mode(recompute) -> str:
+    """rewrite_towers' `recompute` as the plan holds it: "" (off), "layers" (True) or "segments"."""
+    if recompute is None or recompute is False:
+        return ""
+    if recompute is True:
+        return "layers"
+    if recompute == "segments":
+        return "segments"
+    raise GraphsyncError(f"recompute={recompute!r}: use True (each layer's output) or 'segments' "
+                         "(whole forward segments)")
+
+
 def make_plan(graph: tf.Graph, towers=None, device: str | None = None, *, strategy: str = "gather",
               group_size: int | None = None, process_group=None, recompute: bool = False,
               refuse: bool = True) -> Plan:
@@ -49,7 +61,7 @@ def make_plan(graph: tf.Graph, towers=None, device: str | None = None, *, strate
     layers, skipped = _in_forward_order(graph, plan.layers, plan.skipped)
     layers = normalizations.grouped(layers)   # which normalization each layer is part of, for reports
     plan = dataclasses.replace(plan, layers=layers, skipped=tuple(skipped), strategy=strategy,
-                               process_group=process_group, recompute=bool(recompute),
+                               process_group=process_group, recompute=recompute_mode(recompute),
                                groups=_groups(len(plan.towers), group_size))
     if strategy not in ("gather", "allreduce"):
         raise GraphsyncError(f"unknown strategy {strategy!r}: use 'gather' or 'allreduce'")

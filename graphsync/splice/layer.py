@@ -21,6 +21,7 @@ from graphsync.plan.data import LayerPlan, Site
 from graphsync.splice import fused_kernels as fused
 from graphsync.splice import marks
 from graphsync.splice import recompute as recomputation
+from graphsync.splice import segments
 from graphsync.splice import stand_in
 
 SYNCHRONIZED_NORMALIZE_GRADIENT = "GraphsyncSynchronizedNormalize"   # also in match.GRAPHSYNC_GRADIENTS
@@ -37,12 +38,14 @@ class Spliced:
     grads_replaced: int = 0
     layer: LayerPlan | None = None
     recomputed: int = 0   # tensors the backward now reads recomputed (graphsync/splice/recompute.py), all towers
+    segments: list = dataclasses.field(default_factory=list)   # recompute="segments": per tower (trigger, roots, differentiated)
 
 
-def splice_layer(graph: tf.Graph, layer: LayerPlan, exchange, recompute: bool = False) -> Spliced:
+def splice_layer(graph: tf.Graph, layer: LayerPlan, exchange, recompute: str = "") -> Spliced:
     """Synchronizes one layer through `exchange` (see graphsync.exchange); returns what it made.
-    With `recompute`, the backward that exists reads the normalized output and the elementwise ops
-    after it recomputed (graphsync/splice/recompute.py)."""
+    With recompute "layers", the backward that exists reads the normalized output and the
+    elementwise ops after it recomputed (graphsync/splice/recompute.py); with "segments", what a
+    segment starting at this layer would recompute from is returned (graphsync/splice/segments.py)."""
     count = Spliced()
     if layer.kind == "conditional":
         layer, count.edges = stand_in.stand_in(graph, layer)
@@ -73,28 +76,36 @@ def splice_layer(graph: tf.Graph, layer: LayerPlan, exchange, recompute: bool = 
                  for site, s in zip(layer.sites, statistics)]
         for k in range(len(layer.sites[0].grad_ops)):
             _moments_backward(graph, layer, exchange, statistics, k, count)
-    if recompute and layer.has_gradients:
+    if recompute == "segments":
+        count.segments = [(_trigger(tower_roots, s, layer.has_gradients), tower_roots, layer.has_gradients)
+                          for tower_roots, s in zip(roots, statistics)]
+    elif recompute and layer.has_gradients:
         for tower_roots in roots:
             count.recomputed += recomputation.recompute(graph, tower_roots).tensors
     elif recompute:
         for tower_roots, s in zip(roots, statistics):
-            _recompute_when_differentiated(tower_roots, s)
+            trigger = _trigger(tower_roots, s, False)
+            if trigger is not None:
+                recomputation.defer(trigger, tower_roots)
     return count
 
 
-def _recompute_when_differentiated(roots: list, s: Synchronized) -> None:
-    """A layer rewritten before its gradients recomputes in the gradient function of the op its
-    backward reaches last (graphsync/splice/recompute.py): a fused layer's normalization (the
-    root itself), a moments layer's statistics view, which gets a gradient that recomputes first."""
+def _trigger(roots: list, s: Synchronized, differentiated: bool):
+    """The op whose gradient function recomputes a layer rewritten before its gradients: the one
+    its backward reaches last (graphsync/splice/recompute.py) — a fused layer's normalization (the
+    root itself), a moments layer's statistics view, which then gets a gradient that recomputes
+    first. None when there is nothing to recompute."""
     if not roots:
-        return
+        return None
     if roots[0].type in match.FUSED_TYPES:
-        recomputation.defer(roots[0], roots)
-        return
+        return roots[0]
     view = s.mean.op
+    if differentiated:
+        return view
     if view.type == "IdentityN" and view.get_attr("_gradient_op_type") == VIEW_GRADIENT.encode():
-        recomputation.defer(view, roots)
         set_attr(view, "_gradient_op_type", attr_value_pb2.AttrValue(s=RECOMPUTING_VIEW_GRADIENT.encode()))
+        return view
+    return None
 
 
 @tf.RegisterGradient(RECOMPUTING_VIEW_GRADIENT)
@@ -102,6 +113,7 @@ def _recomputing_view_gradient(op, *grads):
     """The statistics view's gradient, once the gradient ops reading the layer's forward outputs
     read recomputed copies."""
     recomputation.when_differentiated(op)
+    segments.when_differentiated(op)
     return view_gradient(op, *grads)
 
 
@@ -191,6 +203,7 @@ def _synchronized_normalize_gradient(op, dy, *_unused):
     towers at run time through the statistics' view (graphsync.exchange), then
     dx = γ·r·g − γ·r·(x̂·B + A)/N. Nothing flows into μ and σ²: dx already holds their part."""
     recomputation.when_differentiated(op)
+    segments.when_differentiated(op)
     x, scale, _, mean, variance = op.inputs
     view, graph = mean.op, op.graph
     epsilon, data_format = op.get_attr("epsilon"), _data_format(op)

@@ -67,6 +67,9 @@ class Recomputed:
     ops: int = 0
     edges: int = 0
 
+    def __add__(self, other: "Recomputed") -> "Recomputed":
+        return Recomputed(self.tensors + other.tensors, self.ops + other.ops, self.edges + other.edges)
+
 
 def fused_roots(y: tf.Tensor) -> list:
     """A fused layer's recomputation starts from graphsync's own normalization op."""
@@ -102,33 +105,44 @@ def when_differentiated(trigger: tf.Operation) -> Recomputed:
 def recompute(graph: tf.Graph, roots: list) -> Recomputed:
     """Makes the gradient ops that read the outputs of `roots`, or of the elementwise ops that
     follow them in the forward, read copies made once the backward reaches them."""
-    done = Recomputed()
     chain = _chain(roots)
     chained = {op.outputs[0].ref() for op in chain}
     readers = {op: [c for c in op.outputs[0].consumers() if is_backward(c) and c.type not in _SHAPE_TYPES]
                for op in chain}
     read = [op for op in chain if readers[op]]
     if not read:
-        return done
+        return Recomputed()
     needed = _with_chain_ancestors(read, chain)
-    all_readers = {r for op in read for r in readers[op]}
-    incoming = {t.op for r in all_readers for t in r.inputs
-                if t.ref() not in chained and is_backward(t.op) and t.op.type not in _SHAPE_TYPES}
-    incoming -= _downstream(all_readers)
-    if not incoming:
-        return done   # nothing to wait for: a copy would run with the forward and save nothing
-    wait = sorted(incoming, key=lambda op: op.name)
-    copies = {}
+    wait = incoming_gradients({r for op in read for r in readers[op]}, chained)
+    if not wait:
+        return Recomputed()   # nothing to wait for: a copy would run with the forward and save nothing
+    return copy_ops(graph, needed, wait, [(op.outputs[0], readers[op]) for op in read])
+
+
+def incoming_gradients(readers: set, read: set, downstream: set | None = None) -> list:
+    """The backward ops feeding `readers` besides the tensors `read` (refs) whose copies they will
+    take, and not computed from `readers` themselves (`downstream`, when known): what copies wait
+    for, without a cycle."""
+    incoming = {t.op for r in readers for t in r.inputs
+                if t.ref() not in read and is_backward(t.op) and t.op.type not in _SHAPE_TYPES}
+    incoming -= downstream if downstream is not None else downstream_of(readers)
+    return sorted(incoming, key=lambda op: op.name)
+
+
+def copy_ops(graph: tf.Graph, needed: list, wait: list, reads: list) -> Recomputed:
+    """Copies `needed` (every op after its inputs' ops) on their devices, each waiting for `wait`,
+    and moves each (tensor, readers) of `reads` onto the tensor's copy."""
+    done, copies = Recomputed(), {}
     for op in needed:
         inputs = [copies.get(t.ref(), t) for t in op.inputs]
         attrs = {k: v for k, v in op.node_def.attr.items() if k != "_class"}
         attrs[RECOMPUTED_ATTR] = attr_value_pb2.AttrValue(b=True)
         with pristine_scope(graph, op.device, op.name + "_recompute"), graph.control_dependencies(wait):
             copy = create_op(graph, op.type, inputs, attrs, op.type)
-        copies[op.outputs[0].ref()] = copy.outputs[0]
+        copies.update((t.ref(), c) for t, c in zip(op.outputs, copy.outputs))
         done.ops += 1
-    for op in read:
-        done.edges += reroute_consumers(op.outputs[0], copies[op.outputs[0].ref()], only=readers[op])
+    for t, readers in reads:
+        done.edges += reroute_consumers(t, copies[t.ref()], only=readers)
         done.tensors += 1
     return done
 
@@ -195,7 +209,7 @@ def _with_chain_ancestors(read: list, chain: list) -> list:
     return [op for op in chain if op in needed]
 
 
-def _downstream(ops: set) -> set:
+def downstream_of(ops: set) -> set:
     """Every op that runs after one of `ops` (data and control edges)."""
     seen, stack = set(ops), list(ops)
     while stack:

@@ -30,7 +30,7 @@ from graphsync.exchange.views import extremum_view
 from graphsync.graph.reroute import reroute_consumers, reroute_control_outputs
 from graphsync.graph.tf_private import pristine_scope
 from graphsync.plan.data import LayerPlan
-from graphsync.splice import marks
+from graphsync.splice import marks, segments
 from graphsync.splice.layer import Spliced
 
 
@@ -67,6 +67,8 @@ def splice_reduction(graph: tf.Graph, layer: LayerPlan, exchange) -> Spliced:
         marks.mark(graph, layer, site, **{"mean" if mean else "sum": value})
         count.edges += reroute_consumers(op.outputs[0], value)
         count.control_edges += reroute_control_outputs(op, [value.op])
+        if layer.has_gradients:   # recompute="segments" may begin a segment where the value is read
+            count.segments.append((None, segments.readers_of(value), True))
     for k in range(len(layer.sites[0].grad_ops)):
         _backward(graph, layer, exchange, uploads, totals, k, mean, count)
     return count

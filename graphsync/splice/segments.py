@@ -1,0 +1,290 @@
+"""Recompute whole forward segments (rewrite_towers(recompute="segments")): the backward reads copies
+of a tower's forward — convolutions, pooling, concatenations, elementwise ops and the synchronized
+normalizations — made from a few checkpoints once it reaches them, never a statistic again.
+
+Why segments: `recompute=True` (graphsync/splice/recompute.py) brings back what a layer computes
+from its batch norm's input, but that input, a convolution's output, stays alive from the forward
+to the backward in every layer. Only running the convolutions again removes it. Chen et al.'s
+sublinear-memory rule: keep one checkpoint every √n layers, recompute the rest segment by segment,
+for one extra forward.
+
+Segments. A tower's synchronized layers, in forward order, are cut into runs of about √n
+(`starts`). Segment k is the forward that follows its first layer's normalization (its *roots*:
+graphsync's normalization op, or a moments layer's first scale of x) and no later segment's roots:
+the forward ops reached from its roots through activation-sized tensors, on the roots' device,
+minus those reached from any later segment's roots. What the segment reads from outside — the
+first layer's input x, a skip connection, a residual's shortcut — is its checkpoint: the forward
+keeps it. Every activation-sized tensor the backward reads inside the segment is a copy instead.
+
+Statistics are never recomputed. Walking only through activation-sized tensors stops at every
+statistic (per channel: a reduction over the batch, the exchange, the moving averages), so a copied
+normalization reads the same global statistics the forward exchanged: nothing is exchanged twice
+and no moving average is updated twice. Stateful ops (random ops, variable reads, queues,
+collectives), training-mode fused batch norms and reductions over the batch axis are never copied
+either: their forward outputs are checkpoints, so a dropout mask is the one the forward drew.
+
+Timing. A segment's copies wait, by control edges, for the gradient tensors that flow into the
+backward ops reading the segment (those not computed from them): they run when the backward leaves
+the next segment, and die as the segment's backward consumes them. The copies are the same ops on
+the same inputs, so the step is bit for bit the step without recompute; their control inputs and
+`RECOMPUTED_ATTR` keep Grappler's common-subexpression elimination from merging them back.
+
+Gradients built after the rewrite: each segment's first layer carries its roots and every later
+segment's roots in `SEGMENT_ATTR` / `LATER_ATTR`, and the gradient function graphsync registered for
+that layer (the op tf.gradients reaches last in its backward) recomputes the segment
+(`when_differentiated`): tf.gradients works in reverse topological order, so by then every gradient
+op that reads the segment exists.
+"""
+from __future__ import annotations
+
+import collections
+import math
+
+import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2
+
+from graphsync.graph import tf_private
+from graphsync.graph.backward import is_backward
+from graphsync.splice.recompute import RECOMPUTED_ATTR, Recomputed, copy_ops, downstream_of, incoming_gradients
+
+SEGMENT_ATTR = "_graphsync_segment_roots"   # on a segment's trigger: the roots its region starts from
+LATER_ATTR = "_graphsync_segment_later"     # … and every later segment's roots in the tower
+MEMBERS_ATTR = "_graphsync_segment_members"   # … and the triggers of every layer of the segment
+REACHED_ATTR = "_graphsync_segment_reached"   # set once tf.gradients has reached that trigger
+_SHAPE_TYPES = frozenset({"Shape", "ShapeN", "Size", "Rank"})
+_LOOP_TYPES = frozenset({"Enter", "RefEnter", "Exit", "RefExit", "NextIteration", "RefNextIteration",
+                         "LoopCond"})
+_BATCH_REDUCTIONS = frozenset({"Mean", "Sum", "Max", "Min", "Prod", "All", "Any", "EuclideanNorm"})
+_FUSED = frozenset({"FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3"})
+
+
+def place(graph: tf.Graph, towers: list) -> Recomputed:
+    """`towers`: per tower, its layers' (trigger, roots, whether its gradients exist) in forward
+    order. A segment whose layers have their gradients is recomputed now; else each of its layers'
+    triggers carries it to `when_differentiated`."""
+    done = Recomputed()
+    for layers in towers:
+        layers = [(trigger, roots, grads) for trigger, roots, grads in layers
+                  if roots and (grads or trigger is not None)]
+        if layers and all(grads for _, _, grads in layers):
+            layers = _with_first_input(layers)
+        regions = _regions([roots for _, roots, _ in layers])
+        firsts = cut(regions)
+        after = set()   # the backward ops reading the copies of the segment after this one
+        for first, end in reversed(list(zip(firsts, firsts[1:] + [len(layers)]))):
+            members = layers[first:end]
+            if all(grads for _, _, grads in members):
+                made, after = recompute_region(graph, set().union(*regions[first:end]), after)
+                done += made
+                continue
+            after = set()
+            roots = [op for _, r, _ in members for op in r]
+            later = [op for _, r, _ in layers[end:] for op in r]
+            triggers = [trigger for trigger, _, _ in members]
+            for trigger in triggers:
+                _names(trigger, SEGMENT_ATTR, roots)
+                _names(trigger, LATER_ATTR, later)
+                _names(trigger, MEMBERS_ATTR, triggers)
+    return done
+
+
+def readers_of(statistic: tf.Tensor, depth: int = 12) -> list:
+    """A synchronized reduction's roots: the forward ops where what it becomes (per channel: a
+    mean, a variance, a scale, within `depth` ops) meets the activations (x − μ, x · r)."""
+    roots, frontier, seen = [], [statistic], {statistic.op}
+    for _ in range(depth):
+        following = []
+        for t in frontier:
+            for op in t.consumers():
+                if op in seen or is_backward(op) or op.device != statistic.op.device:
+                    continue
+                seen.add(op)
+                if any(_activation(u) for u in op.inputs):
+                    roots.append(op)
+                else:
+                    following += [u for u in op.outputs if not _activation(u)]
+        frontier = following
+    return roots
+
+
+def cut(regions: list) -> list:
+    """Where segments begin, as layers' indices: of greedy cuts at a ladder of segment sizes and
+    of cuts every k layers (Chen et al.'s √n is one), the one whose estimated peak is least. A
+    segment's backward holds its recomputed activations and every checkpoint not yet consumed:
+    what it and the segments before it read from outside themselves (`_peak`)."""
+    if not regions:
+        return []
+    sizes = [_bytes(r) for r in regions]
+    total, largest = sum(sizes), max(sizes)
+    candidates = [list(range(0, len(regions), k)) for k in range(1, len(regions) + 1)]
+    for limit in {largest * (total / largest) ** (k / 24) for k in range(25)} if largest else ():
+        firsts, segment = [0], 0
+        for i, size in enumerate(sizes):
+            if i and segment + size > limit:
+                firsts.append(i)
+                segment = 0
+            segment += size
+        candidates.append(firsts)
+    return min(candidates, key=lambda firsts: (_peak(regions, sizes, firsts), len(firsts)))
+
+
+def _peak(regions: list, sizes: list, firsts: list) -> int:
+    """The estimated peak of a cut: over segments, its recomputed bytes plus every activation that
+    it or an earlier segment reads from another segment (kept from the forward until then)."""
+    kept, peak, forward = {}, 0, set().union(*regions)
+    for first, end in zip(firsts, firsts[1:] + [len(regions)]):
+        region = set().union(*regions[first:end])
+        kept.update((t.ref(), _size(t)) for op in region for t in op.inputs
+                    if t.op not in region and t.op in forward and _activation(t))   # not weights, not data
+        peak = max(peak, sum(kept.values()) + sum(sizes[first:end]))
+    return peak
+
+
+def when_differentiated(trigger: tf.Operation) -> Recomputed:
+    """Called by `trigger`'s gradient function: once every layer of its segment has been reached
+    (tf.gradients works in reverse topological order, so then every gradient op reading the
+    segment exists), the segment is recomputed."""
+    if SEGMENT_ATTR not in trigger.node_def.attr:
+        return Recomputed()
+    graph = trigger.graph
+    tf_private.set_attr(trigger, REACHED_ATTR, attr_value_pb2.AttrValue(b=True))
+
+    def ops(attr):
+        return [graph.get_operation_by_name(n.decode()) for n in trigger.get_attr(attr)]
+    if not all(REACHED_ATTR in op.node_def.attr for op in ops(MEMBERS_ATTR)):
+        return Recomputed()
+    return recompute_region(graph, _reached(ops(SEGMENT_ATTR)) - _reached(ops(LATER_ATTR)))[0]
+
+
+def recompute_region(graph: tf.Graph, region: set, after: set = frozenset()) -> tuple:
+    """Makes the backward ops reading activations computed in `region` read copies; returns what
+    it did and those backward ops. The copies also wait for `after`, the readers of the next
+    segment's copies (where that makes no cycle), so that two segments' copies are not alive at
+    once: the executor would otherwise run them as soon as the incoming gradients allow, while
+    the next segment's weight gradients still hold its copies."""
+    readers = {}
+    for op in region:
+        if _copyable(op):
+            for t in op.outputs:
+                if _activation(t):
+                    backward = [c for c in t.consumers() if is_backward(c) and c.type not in _SHAPE_TYPES
+                                and _used(c)]
+                    if backward:
+                        readers[t.ref()] = (t, backward)
+    if not readers:
+        return Recomputed(), set()
+    all_readers = {r for _, rs in readers.values() for r in rs}
+    downstream = downstream_of(all_readers)
+    wait = incoming_gradients(all_readers, set(readers), downstream)
+    if not wait:
+        return Recomputed(), set()   # nothing to wait for: copies would run with the forward, saving nothing
+    wait += sorted(set(after) - downstream - set(wait), key=lambda op: op.name)
+    needed = _needed([t.op for t, _ in readers.values()], region)
+    return copy_ops(graph, needed, wait, list(readers.values())), all_readers
+
+
+def _with_first_input(layers: list) -> list:
+    """The tower's first layer's input, when computed from the tower's data by ops that can run
+    again (a stem convolution), begins a segment of its own: its producer is then recomputed."""
+    inputs = [t.op for op in layers[0][1] for t in op.inputs if _activation(t) and _copyable(t.op)]
+    return [(None, inputs[:1], True)] + layers if inputs else layers
+
+
+def _regions(roots: list) -> list:
+    """Per layer, the forward its segment would recompute were it to begin one: reached from its
+    roots and from no later layer's. One sweep from the last layer: whatever a later layer's roots
+    reach is claimed, and a walk stops there (what it reaches past a claimed op is claimed too)."""
+    claimed, regions = set(), []
+    for layer_roots in reversed(roots):
+        region = _reached(layer_roots, claimed)
+        claimed |= region
+        regions.append(region)
+    return regions[::-1]
+
+
+def _reached(roots: list, claimed: frozenset = frozenset()) -> set:
+    """The forward ops reached from `roots` through activation-sized tensors, on their device, not
+    passing through `claimed`."""
+    roots = [op for op in roots if op not in claimed]
+    seen, queue = set(roots), collections.deque(roots)
+    while queue:
+        op = queue.popleft()
+        for t in op.outputs:
+            if not _activation(t):
+                continue
+            for c in t.consumers():
+                if c not in seen and c not in claimed and c.device == op.device and not is_backward(c) \
+                        and RECOMPUTED_ATTR not in c.node_def.attr:
+                    seen.add(c)
+                    queue.append(c)
+    return seen
+
+
+def _used(op: tf.Operation) -> bool:
+    """Whether anything reads `op` (a gradient op the rewrite replaced is left unread, and never runs)."""
+    return any(t.consumers() for t in op.outputs) or bool(tf_private.control_outputs(op))
+
+
+def _needed(ops: list, region: set) -> list:
+    """`ops` and the region's copyable ancestors they are computed from, in an order where every
+    op follows its inputs' ops."""
+    order, state = [], {}
+    for start in ops:
+        stack = [(start, False)]
+        while stack:
+            op, expanded = stack.pop()
+            if expanded:
+                state[op] = 2
+                order.append(op)
+                continue
+            if state.get(op):
+                continue
+            state[op] = 1
+            stack.append((op, True))
+            stack += [(t.op, False) for t in op.inputs
+                      if t.op in region and not state.get(t.op) and _activation(t) and _copyable(t.op)]
+    return order
+
+
+def _copyable(op: tf.Operation) -> bool:
+    """Whether running `op` again gives the forward's values without touching a statistic, a
+    variable or another device's step."""
+    if not op.inputs or op.op_def.is_stateful or op.type in _LOOP_TYPES:
+        return False   # a source (a placeholder, a constant) is kept, not run again
+    if any(t.dtype in (tf.resource, tf.variant) or t.dtype != t.dtype.base_dtype for t in op.inputs):
+        return False   # a variable read again could see another value; a variant holds state
+    if op.type in _FUSED:
+        return not op.get_attr("is_training")
+    if op.type in _BATCH_REDUCTIONS:
+        axes = tf.get_static_value(op.inputs[1])
+        rank = op.inputs[0].shape.rank
+        return axes is not None and rank is not None and 0 not in {int(a) % rank for a in axes.ravel()}
+    return True
+
+
+def _activation(t: tf.Tensor) -> bool:
+    """Whether `t` is activation-sized: more elements than its largest dimension (a per-channel
+    statistic, a scalar or a shape is not), or of a size not known when the graph was built."""
+    n = t.shape.num_elements()
+    if n is None:
+        return True
+    dims = [d for d in t.shape.as_list()] if t.shape.rank else []
+    return n > max(dims + [1])
+
+
+def _bytes(region: set) -> int:
+    """What recomputing `region` holds until the backward reads it: the activations the backward
+    reads (an op between them usually reuses its input's buffer), a batch of one where unknown."""
+    return sum(_size(t) for op in region if _copyable(op) for t in op.outputs
+               if _activation(t) and any(is_backward(c) and c.type not in _SHAPE_TYPES and _used(c)
+                                         for c in t.consumers()))
+
+
+def _size(t: tf.Tensor) -> int:
+    dims = t.shape.as_list() if t.shape.rank is not None else [None]
+    return math.prod(1 if d is None else d for d in dims) * max(t.dtype.size, 1)
+
+
+def _names(op: tf.Operation, attr: str, ops: list) -> None:
+    names = attr_value_pb2.AttrValue.ListValue(s=[o.name.encode() for o in ops])
+    tf_private.set_attr(op, attr, attr_value_pb2.AttrValue(list=names))

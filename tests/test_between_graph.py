@@ -298,10 +298,11 @@ def test_saved_worker_graphs_with_different_layers_time_out_instead_of_averaging
 
 
 @tiers.full
-def test_two_workers_with_recompute_train_bit_for_bit_like_without(two_workers, tmp_path):
-    """`graphsync run --recompute` on the same unchanged workers: every worker's outputs, losses,
-    gradients and moving statistics exactly those of `graphsync run`, and its report counts the
-    tensors its backward reads recomputed."""
+@pytest.mark.parametrize("mode", ["layers", "segments"])
+def test_two_workers_with_recompute_train_bit_for_bit_like_without(two_workers, tmp_path, mode):
+    """`graphsync run --recompute layers|segments` on the same unchanged workers: every worker's
+    outputs, losses, gradients and moving statistics exactly those of `graphsync run`, and its
+    report counts the tensors its backward reads recomputed."""
     _, synced, _ = two_workers
     reports = {i: tmp_path / f"report{i}.json" for i in range(2)}
     spec = cl.cluster_spec({"worker": 2})
@@ -312,7 +313,7 @@ def test_two_workers_with_recompute_train_bit_for_bit_like_without(two_workers, 
     procs = []
     try:
         for i in range(2):
-            argv = GRAPHSYNC_RUN + ["--recompute", "--report", str(reports[i]), SCRIPT, str(tmp_path / f"worker{i}.npz"),
+            argv = GRAPHSYNC_RUN + ["--recompute", mode, "--report", str(reports[i]), SCRIPT, str(tmp_path / f"worker{i}.npz"),
                                     "--sizes", "3,5"]
             procs.append(subprocess.Popen(argv, env=dict(env, TF_CONFIG=tf_config(spec, i)), stdout=subprocess.PIPE,
                                           stderr=subprocess.PIPE, text=True))
@@ -327,7 +328,7 @@ def test_two_workers_with_recompute_train_bit_for_bit_like_without(two_workers, 
                 proc.wait(timeout=30)
     for i in range(2):
         graphs = json.loads(reports[i].read_text())["graphs"]
-        assert graphs and all(g["recompute"] and g["recomputed"] > 0 for g in graphs), graphs
+        assert graphs and all(g["recompute"] == mode and g["recomputed"] > 0 for g in graphs), graphs
     for (_, _, _, _, want), got in zip(sorted(synced, key=lambda r: r[0]), results):
         assert want.keys() == got.keys()
         for key in want:

@@ -315,10 +315,12 @@ def test_between_graph_workers_behind_a_flag(tmp_path):
 
 @pytest.mark.parametrize("version", ["v2", "v1"])
 @pytest.mark.parametrize("gradients", ["after", pytest.param("before", marks=tiers.full)])
-def test_recompute_behind_a_flag_is_bit_for_bit_and_one_device(version, gradients):
-    """recompute=True behind a tensor flag: no gradient op reads the activations after the flag's
-    Merge any more; with the flag True several steps give every variable exactly as without
-    recompute, and one step equals one device; with the flag False the step is the original's."""
+@pytest.mark.parametrize("recompute", [True, pytest.param("segments", marks=tiers.full)])
+def test_recompute_behind_a_flag_is_bit_for_bit_and_one_device(version, gradients, recompute):
+    """recompute=True or "segments" behind a tensor flag: no gradient op reads the activations
+    after the flag's Merge any more; with the flag True several steps give every variable exactly
+    as without recompute, and one step equals one device; with the flag False the step is the
+    original's."""
     from graphsync.splice import recompute as recomputation
     batch_sizes = (3, 5)
     x, t = _data(batch_sizes)
@@ -326,7 +328,7 @@ def test_recompute_behind_a_flag_is_bit_for_bit_and_one_device(version, gradient
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         recomputed = _build(MODELS["layers"](), list(batch_sizes), version, gradients=gradients,
-                            rewrite=lambda g: reports.append(graphsync.rewrite_towers(g, recompute=True)))
+                            rewrite=lambda g: reports.append(graphsync.rewrite_towers(g, recompute=recompute)))
     assert not [w for w in caught if "recompute" in str(w.message)], [str(w.message) for w in caught]
     plain = _build(MODELS["layers"](), list(batch_sizes), version, gradients=gradients,
                    rewrite=graphsync.rewrite_towers)
@@ -334,6 +336,9 @@ def test_recompute_behind_a_flag_is_bit_for_bit_and_one_device(version, gradient
         assert reports[0].recomputed >= 2 * len(batch_sizes), reports[0]
     else:
         assert reports[0].recompute_deferred == 2, reports[0]
+    if recompute == "segments":   # the convolutions too
+        assert "Conv2D" in {op.type for op in recomputed.graph.get_operations()
+                            if recomputation.RECOMPUTED_ATTR in op.node_def.attr}
 
     def gradient_readers_of_activations(graph):
         relus = [op for op in graph.get_operations() if op.type == "Relu" and op.name.startswith("tower_")

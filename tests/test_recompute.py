@@ -169,21 +169,22 @@ def test_graphsync_rewrite_recompute_writes_a_graph_that_keeps_its_copies(tmp_pa
 
 
 @tiers.full
-def test_graphsync_run_recompute_trains_bit_for_bit_like_without():
-    """`graphsync run --recompute` on an unchanged script: the same variables, bit for bit, as
-    `graphsync run`, and the report counts the recomputed tensors."""
+@pytest.mark.parametrize("mode", ["layers", "segments"])
+def test_graphsync_run_recompute_trains_bit_for_bit_like_without(mode):
+    """`graphsync run --recompute layers|segments` on an unchanged script: the same variables, bit
+    for bit, as `graphsync run`, and the report counts the recomputed tensors."""
     import json
     import test_run
     tmp = __import__("tempfile").mkdtemp()
     runs = {name: test_run._start(test_run._graphsync() + ["run"] + extra + ["--report", f"{tmp}/{name}.json",
                                                                            test_run.TRAIN, f"{tmp}/{name}.npz"])
-            for name, extra in (("plain", []), ("recompute", ["--recompute"]))}
+            for name, extra in (("plain", []), ("recompute", ["--recompute", mode]))}
     for name, process in runs.items():
         result = test_run._finish(process)
         assert result.returncode == 0, result.stderr[-2000:]
     with open(f"{tmp}/recompute.json") as f:
         reports = json.load(f)["graphs"]
-    assert reports and all(r["recompute"] and r["recomputed"] > 0 for r in reports)
+    assert reports and all(r["recompute"] == mode and r["recomputed"] > 0 for r in reports)
     plain, recomputed = test_run._loops(f"{tmp}/plain.npz"), test_run._loops(f"{tmp}/recompute.npz")
     assert plain.keys() == recomputed.keys()
     for loop in plain:

@@ -201,3 +201,50 @@ def test_sync_batch_norm_hook_passes_segments_on():
     assert "Conv2D" in {op.type for op in copies(built.graph)}
     x, t = tl.data(batch_sizes, INPUT_SHAPE, (5,))
     assert_one_device(MODELS["resnet-fused"], built, x, t, batch_sizes)
+
+
+@pytest.mark.parametrize("source,reference,towers", [
+    ("META4", "META1", 4), pytest.param("MOMENTS2", "MOMENTS1", 2, marks=tiers.full)], ids=["fused", "moments"])
+def test_a_saved_graph_rewritten_with_segments_trains_bit_for_bit_like_without(tmp_path, source, reference, towers):
+    """`graphsync rewrite --recompute segments` on a saved graph: the output keeps its copies, and
+    the user's loop on it (import, restore, one step) gives every variable exactly as the graph
+    rewritten without recompute, and one device's."""
+    import json
+    import fixture_paths
+    import test_cli
+    paths = {}
+    for name, extra in (("plain", []), ("segments", ["--recompute", "segments"])):
+        paths[name] = tmp_path / f"{name}.meta"
+        result = test_cli.invoke("rewrite", getattr(fixture_paths, source), "-o", paths[name], "--json", *extra)
+        assert result.exit_code == 0, result.output
+        report = json.loads(result.stdout)
+    assert report["recompute"] == "segments" and report["recomputed"] > 0
+    graph = tf.Graph()
+    with graph.as_default():
+        tf1.train.import_meta_graph(str(paths["segments"]))
+    assert "Conv2D" in {op.type for op in copies(graph)}
+    images, labels = test_cli.batch(towers)
+    plain, _ = test_cli.train_step(str(paths["plain"]), towers, images, labels)
+    got, _ = test_cli.train_step(str(paths["segments"]), towers, images, labels)
+    assert plain.keys() == got.keys()
+    for name in plain:
+        np.testing.assert_array_equal(plain[name], got[name], err_msg=name)
+    one, _ = test_cli.train_step(getattr(fixture_paths, reference), 1, images, labels)
+    assert test_cli.max_relative_error(got, one) < 2e-5
+
+
+def test_the_command_line_takes_a_mode_or_says_which():
+    """--recompute alone is today's recompute; --recompute segments the new one; a script path
+    after it, or any other word, is one line that says what to write."""
+    import test_cli
+    from fixture_paths import META2
+    out = {}
+    for extra in (["--recompute"], ["--recompute", "layers"], ["--recompute", "segments"]):
+        result = test_cli.invoke("rewrite", META2, "--dry-run", "--json", *extra)
+        assert result.exit_code == 0, result.output
+        out[extra[-1]] = __import__("json").loads(result.stdout)["recompute"]
+    assert out == {"--recompute": "layers", "layers": "layers", "segments": "segments"}
+    result = test_cli.invoke("rewrite", META2, "--dry-run", "--recompute", "train.py")
+    assert result.exit_code == 2
+    line = test_cli.one_error_line(result)
+    assert "'train.py' is not a recompute mode" in line and "--recompute segments" in line

@@ -73,6 +73,13 @@ def is_backward(op: tf.Operation) -> bool:
     return op in state.ops
 
 
+def judge_again(graph: tf.Graph) -> None:
+    """Forget what was judged of `graph`: ops added since are otherwise judged by their inputs
+    alone, and while tf.gradients is building a backward its seed and the ops it computes off the
+    forward (a loss's 2·(y − t)) look like forward ops until judged with the whole graph."""
+    _known.pop(graph, None)
+
+
 def has_backward(graph: tf.Graph) -> bool:
     """Whether `graph` holds any backward op yet (tf.gradients or a tape has run)."""
     ops = graph.get_operations()

@@ -53,6 +53,7 @@ ACTIVATIONS = frozenset({"Relu", "Relu6", "LeakyRelu", "Elu", "Sigmoid", "Tanh",
 AFFINE = frozenset({"Mul", "AddV2", "Add", "BiasAdd", "Sub", "RealDiv"})   # with a per-channel operand
 RECOMPUTED_ATTR = "_graphsync_recompute"
 ROOTS_ATTR = "_graphsync_recompute_roots"   # on the op whose gradient recomputes (when_differentiated)
+_OWN_ATTRS = ("_graphsync_recompute_roots", "_graphsync_segment")   # what a copy must not inherit
 _SHAPE_TYPES = frozenset({"Shape", "ShapeN", "Size", "Rank"})
 # tf.gradients' scopes, and graphsync's synchronized backward (graphsync/splice/layer.py)
 _STATISTICS_DEPTH = 12   # ops between a synchronized statistic and the per-channel operand it becomes
@@ -135,7 +136,7 @@ def copy_ops(graph: tf.Graph, needed: list, wait: list, reads: list) -> Recomput
     done, copies = Recomputed(), {}
     for op in needed:
         inputs = [copies.get(t.ref(), t) for t in op.inputs]
-        attrs = {k: v for k, v in op.node_def.attr.items() if k != "_class"}
+        attrs = {k: v for k, v in op.node_def.attr.items() if k != "_class" and not k.startswith(_OWN_ATTRS)}
         attrs[RECOMPUTED_ATTR] = attr_value_pb2.AttrValue(b=True)
         with pristine_scope(graph, op.device, op.name + "_recompute"), graph.control_dependencies(wait):
             copy = create_op(graph, op.type, inputs, attrs, op.type)

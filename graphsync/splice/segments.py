@@ -44,7 +44,7 @@ import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
 from graphsync.graph import tf_private
-from graphsync.graph.backward import is_backward
+from graphsync.graph.backward import is_backward, judge_again
 from graphsync.splice.recompute import RECOMPUTED_ATTR, Recomputed, copy_ops, downstream_of, incoming_gradients
 
 SEGMENT_ATTR = "_graphsync_segment_roots"   # on a segment's trigger: the roots its region starts from
@@ -153,22 +153,24 @@ def when_differentiated(trigger: tf.Operation) -> Recomputed:
         return [graph.get_operation_by_name(n.decode()) for n in trigger.get_attr(attr)]
     if not all(REACHED_ATTR in op.node_def.attr for op in ops(MEMBERS_ATTR)):
         return Recomputed()
-    return recompute_region(graph, _reached(ops(SEGMENT_ATTR)) - _reached(ops(LATER_ATTR)))[0]
+    judge_again(graph)   # the gradient ops built so far, judged with the whole graph
+    return recompute_region(graph, _reached(ops(SEGMENT_ATTR)) - _reached(ops(LATER_ATTR)), building=True)[0]
 
 
-def recompute_region(graph: tf.Graph, region: set, after: set = frozenset()) -> tuple:
+def recompute_region(graph: tf.Graph, region: set, after: set = frozenset(), building: bool = False) -> tuple:
     """Makes the backward ops reading activations computed in `region` read copies; returns what
     it did and those backward ops. The copies also wait for `after`, the readers of the next
     segment's copies (where that makes no cycle), so that two segments' copies are not alive at
     once: the executor would otherwise run them as soon as the incoming gradients allow, while
-    the next segment's weight gradients still hold its copies."""
+    the next segment's weight gradients still hold its copies. `building`: tf.gradients is
+    building the backward, whose ops nothing reads yet."""
     readers = {}
     for op in region:
         if _copyable(op):
             for t in op.outputs:
                 if _activation(t):
                     backward = [c for c in t.consumers() if is_backward(c) and c.type not in _SHAPE_TYPES
-                                and _used(c)]
+                                and (building or _used(c))]
                     if backward:
                         readers[t.ref()] = (t, backward)
     if not readers:
@@ -178,7 +180,7 @@ def recompute_region(graph: tf.Graph, region: set, after: set = frozenset()) -> 
     wait = incoming_gradients(all_readers, set(readers), downstream)
     if not wait:
         return Recomputed(), set()   # nothing to wait for: copies would run with the forward, saving nothing
-    wait += sorted(set(after) - downstream - set(wait), key=lambda op: op.name)
+    wait = _live(wait + sorted(set(after) - downstream - set(wait), key=lambda op: op.name))
     needed = _needed([t.op for t, _ in readers.values()], region)
     return copy_ops(graph, needed, wait, list(readers.values())), all_readers
 
@@ -218,6 +220,47 @@ def _reached(roots: list, claimed: frozenset = frozenset()) -> set:
                     seen.add(c)
                     queue.append(c)
     return seen
+
+
+def _live(ops: list) -> list:
+    """`ops`, each that a v1 Switch may leave dead (behind a tensor training flag: the backward of
+    the branch not taken) replaced by its nearest ancestors that always run. A dead control input
+    kills an op, and a dead copy would hand its readers nothing (module docstring)."""
+    may_die, live = {}, []
+    for op in ops:
+        stack, seen = [op], set()
+        while stack:
+            o = stack.pop()
+            if o in seen:
+                continue
+            seen.add(o)
+            if not _may_die(o, may_die):
+                live.append(o)
+            else:
+                stack += [t.op for t in o.inputs if o.type != "Switch" or t is o.inputs[0]]
+    return sorted(set(live), key=lambda op: op.name)
+
+
+def _may_die(op: tf.Operation, memo: dict) -> bool:
+    """Whether `op` can be dead in a step: downstream of a Switch with no Merge between."""
+    stack = [op]
+    while stack:
+        o = stack[-1]
+        if o in memo:
+            stack.pop()
+            continue
+        if o.type in ("Merge", "RefMerge"):
+            memo[o] = False
+        elif o.type in ("Switch", "RefSwitch"):
+            memo[o] = True
+        else:
+            pending = [i for i in [t.op for t in o.inputs] + list(o.control_inputs) if i not in memo]
+            if pending:
+                stack += pending
+                continue
+            memo[o] = any(memo[t.op] for t in o.inputs) or any(memo[c] for c in o.control_inputs)
+        stack.pop()
+    return memo[op]
 
 
 def _used(op: tf.Operation) -> bool:

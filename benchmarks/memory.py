@@ -1,9 +1,10 @@
 """Memory: peak per-step memory per device of the original multi-tower graph, the synchronized one,
-and the synchronized one with recompute (rewrite_towers(recompute=True)), step time beside it.
+and the synchronized one with recompute, step time beside it.
 
   original    the multi-tower graph with fused batch norm (CIFAR10 pattern, per-tower gradients)
   synced      after graphsync.rewrite_towers()
-  recompute   after graphsync.rewrite_towers(recompute=True)
+  recompute   after graphsync.rewrite_towers(recompute=True): each layer's output and activation
+  segments    after graphsync.rewrite_towers(recompute="segments"): whole forward segments
 
 Models (benchmarks/models.py): unet64, the segmentation U-Net (64×64, 10 batch norms), and deeplab,
 a DeepLab-like ResNet backbone at output stride 8 with an ASPP-like head (64×64, 13 batch norms);
@@ -22,10 +23,11 @@ with the towers' interleaving: variants alternate, every round measures each onc
 Step time: the median over the rounds of the mean of --steps steps.
 
 --sweep B…: the unet64 peaks also at these per-device batches, a straight line fitted per variant
-(peak = fixed + per-example × batch), and with --plot PATH the largest per-device batch that fits
-each memory budget, for the three variants.
+(peak = fixed + per-example × batch), the examples per device each variant fits in the budget where
+the original fits --budget-examples, and with --plot PATH the largest per-device batch that fits
+each memory budget, for the four variants.
 
-    python benchmarks/memory.py --plot docs/memory.png          # the recorded run (~15 min on 2 cores)
+    python benchmarks/memory.py --plot docs/memory.png          # the recorded run (~1 min on 2 cores)
     python benchmarks/memory.py --models unet64 --rounds 3      # a quick look
 """
 from __future__ import annotations
@@ -85,7 +87,7 @@ class Variant:
 def run(arch, batch, rounds, steps, warmup, log):
     batches = models.data(arch, TOWERS, batch)
     variants = {name: Variant(arch, name, batches) for name in VARIANTS}
-    report = variants["recompute"].built["report"]
+    report = variants["segments"].built["report"]
     for v in variants.values():
         for _ in range(warmup):
             v.step()
@@ -105,9 +107,8 @@ def run(arch, batch, rounds, steps, warmup, log):
     for n in names:
         row[f"{n}_mib"] = _common.median(peaks[n]) / MiB
         row[f"{n}_ms"] = 1e3 * _common.median(times[n])
-    row["recompute_vs_original"] = _common.median([a / b for a, b in zip(peaks["recompute"], peaks["original"])])
-    row["synced_vs_original"] = _common.median([a / b for a, b in zip(peaks["synced"], peaks["original"])])
-    row["step_recompute_vs_synced"] = _common.median([a / b for a, b in zip(times["recompute"], times["synced"])])
+        row[f"{n}_vs_original"] = _common.median([a / b for a, b in zip(peaks[n], peaks["original"])])
+        row[f"step_{n}_vs_synced"] = _common.median([a / b for a, b in zip(times[n], times["synced"])])
     row["step_synced_vs_original"] = _common.median([a / b for a, b in zip(times["synced"], times["original"])])
     row["peaks"] = {n: [p / MiB for p in peaks[n]] for n in names}
     row["times_ms"] = {n: [1e3 * t for t in times[n]] for n in names}
@@ -125,20 +126,26 @@ def fit(sweep_rows):
     return lines
 
 
+def largest_batch(line, budgets):
+    """The largest per-device batch whose fitted peak stays within each budget."""
+    fixed, slope = line
+    return np.maximum(np.floor((np.asarray(budgets) - fixed) / slope), 0)
+
+
 def plot(path, lines, sweep_rows):
     import matplotlib
+    import matplotlib.ticker
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     labels = {"original": "original (unsynchronized)", "synced": "synchronized",
-              "recompute": "synchronized + recompute"}
+              "recompute": "synchronized, recompute=True", "segments": 'synchronized, recompute="segments"'}
     top = max(r["original_mib"] for r in sweep_rows) * 2.2
     budgets = np.linspace(0, top, 400)
     fig, ax = plt.subplots(figsize=(6.4, 3.6), dpi=110)
-    for n, style in zip(VARIANTS, ("-", "--", "-")):
-        fixed, slope = lines[n]
-        largest = np.maximum(np.floor((budgets - fixed) / slope), 0)
-        ax.step(budgets, largest, where="post", linestyle=style, linewidth=2 if n == "recompute" else 1.4,
-                label=labels[n])
+    for n, style in zip(VARIANTS, ("-", "--", ":", "-")):
+        ax.step(budgets, largest_batch(lines[n], budgets), where="post", linestyle=style,
+                linewidth=2.2 if n == "segments" else 1.4, label=labels[n])
+    ax.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax.set_xlabel("memory budget per device (MiB of activations, gradients and buffers)")
     ax.set_ylabel("largest batch per device")
     ax.set_title("Segmentation U-Net 64×64, 4 towers (benchmarks/memory.py)", fontsize=10)
@@ -158,6 +165,8 @@ def main(argv=None):
     parser.add_argument("--sweep", nargs="*", type=int, default=[1, 4],
                         help="more unet64 batches for the fitted line and the plot (with --batch)")
     parser.add_argument("--plot", metavar="PATH", help="write the largest-batch-per-budget plot here")
+    parser.add_argument("--budget-examples", type=int, default=4,
+                        help="the budget: the original's fitted peak at this many examples per device")
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args(argv)
 
@@ -176,19 +185,27 @@ def main(argv=None):
           f"logical CPU devices, {INTER_OP} inter-op threads; medians of {args.rounds} alternating rounds.\n")
     print(_common.table(rows, [("model", "model"), ("batch", "per device"), ("layers", "batch norms"),
                                ("original_mib", "original MiB"), ("synced_mib", "synced MiB"),
-                               ("recompute_mib", "recompute MiB"),
+                               ("recompute_mib", "recompute MiB"), ("segments_mib", "segments MiB"),
                                ("synced_vs_original", "synced ÷ original"),
                                ("recompute_vs_original", "recompute ÷ original"),
-                               ("original_ms", "original ms"), ("synced_ms", "synced ms"),
-                               ("recompute_ms", "recompute ms"),
-                               ("step_recompute_vs_synced", "step recompute ÷ synced")]))
+                               ("segments_vs_original", "segments ÷ original")]))
+    print()
+    print(_common.table(rows, [("model", "model"), ("original_ms", "original ms"), ("synced_ms", "synced ms"),
+                               ("recompute_ms", "recompute ms"), ("segments_ms", "segments ms"),
+                               ("step_synced_vs_original", "step synced ÷ original"),
+                               ("step_recompute_vs_synced", "step recompute ÷ synced"),
+                               ("step_segments_vs_synced", "step segments ÷ synced")]))
     lines = None
     if len(sweep) >= 2:
         lines = fit(sweep)
         print("\nunet64, peak per device = fixed + per example × batch (least squares over batches "
               f"{', '.join(str(r['batch']) for r in sweep)}):\n")
-        print(_common.table([dict(variant=n, fixed=f, per_example=s) for n, (f, s) in lines.items()],
-                            [("variant", "variant"), ("fixed", "fixed MiB"), ("per_example", "MiB per example")]))
+        budget = lines["original"][0] + lines["original"][1] * args.budget_examples
+        print(_common.table([dict(variant=n, fixed=f, per_example=s, fits=int(largest_batch((f, s), [budget])[0]))
+                             for n, (f, s) in lines.items()],
+                            [("variant", "variant"), ("fixed", "fixed MiB"), ("per_example", "MiB per example"),
+                             ("fits", f"examples per device in {budget:.1f} MiB")]))
+        print(f"\n(the budget: the original's fitted peak at {args.budget_examples} examples per device)")
         if args.plot:
             plot(args.plot, lines, sweep)
             print(f"\nplot: {args.plot}")

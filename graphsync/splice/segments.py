@@ -159,11 +159,12 @@ def when_differentiated(trigger: tf.Operation) -> Recomputed:
 
 def recompute_region(graph: tf.Graph, region: set, after: set = frozenset(), building: bool = False) -> tuple:
     """Makes the backward ops reading activations computed in `region` read copies; returns what
-    it did and those backward ops. The copies also wait for `after`, the readers of the next
-    segment's copies (where that makes no cycle), so that two segments' copies are not alive at
-    once: the executor would otherwise run them as soon as the incoming gradients allow, while
-    the next segment's weight gradients still hold its copies. `building`: tf.gradients is
-    building the backward, whose ops nothing reads yet."""
+    it did and every backward op reading an activation the region computes or reads. The copies
+    also wait for `after`, that set for the next segment (where that makes no cycle), so that a
+    segment's copies are made once the next segment's backward is done with its own: the executor
+    would otherwise run them as soon as the incoming gradients allow, while the next segment's
+    weight gradients still hold its activations. `building`: tf.gradients is building the
+    backward, whose ops nothing reads yet."""
     readers = {}
     for op in region:
         if _copyable(op):
@@ -182,7 +183,7 @@ def recompute_region(graph: tf.Graph, region: set, after: set = frozenset(), bui
         return Recomputed(), set()   # nothing to wait for: copies would run with the forward, saving nothing
     wait = _live(wait + sorted(set(after) - downstream - set(wait), key=lambda op: op.name))
     needed = _needed([t.op for t, _ in readers.values()], region)
-    return copy_ops(graph, needed, wait, list(readers.values())), all_readers
+    return copy_ops(graph, needed, wait, list(readers.values())), _backward_readers(region, building)
 
 
 def _with_first_input(layers: list) -> list:
@@ -220,6 +221,13 @@ def _reached(roots: list, claimed: frozenset = frozenset()) -> set:
                     seen.add(c)
                     queue.append(c)
     return seen
+
+
+def _backward_readers(region: set, building: bool) -> set:
+    """The backward ops reading an activation `region` computes or reads from outside."""
+    tensors = {t.ref(): t for op in region for t in list(op.inputs) + list(op.outputs) if _activation(t)}
+    return {c for t in tensors.values() for c in t.consumers()
+            if is_backward(c) and c.type not in _SHAPE_TYPES and (building or _used(c))}
 
 
 def _live(ops: list) -> list:

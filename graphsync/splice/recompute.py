@@ -130,15 +130,15 @@ def incoming_gradients(readers: set, read: set, downstream: set | None = None) -
     return sorted(incoming, key=lambda op: op.name)
 
 
-def copy_ops(graph: tf.Graph, needed: list, wait: list, reads: list) -> Recomputed:
+def copy_ops(graph: tf.Graph, needed: list, wait: list, reads: list, suffix: str = "_recompute") -> Recomputed:
     """Copies `needed` (every op after its inputs' ops) on their devices, each waiting for `wait`,
-    and moves each (tensor, readers) of `reads` onto the tensor's copy."""
+    and moves each (tensor, readers) of `reads` onto the tensor's copy (named `<op><suffix>/…`)."""
     done, copies = Recomputed(), {}
     for op in needed:
         inputs = [copies.get(t.ref(), t) for t in op.inputs]
         attrs = {k: v for k, v in op.node_def.attr.items() if k != "_class" and not k.startswith(_OWN_ATTRS)}
         attrs[RECOMPUTED_ATTR] = attr_value_pb2.AttrValue(b=True)
-        with pristine_scope(graph, op.device, op.name + "_recompute"), graph.control_dependencies(wait):
+        with pristine_scope(graph, op.device, op.name + suffix), graph.control_dependencies(wait):
             copy = create_op(graph, op.type, inputs, attrs, op.type)
         copies.update((t.ref(), c) for t, c in zip(op.outputs, copy.outputs))
         done.ops += 1

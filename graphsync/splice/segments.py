@@ -183,7 +183,24 @@ def recompute_region(graph: tf.Graph, region: set, after: set = frozenset(), bui
         return Recomputed(), set()   # nothing to wait for: copies would run with the forward, saving nothing
     wait = _live(wait + sorted(set(after) - downstream - set(wait), key=lambda op: op.name))
     needed = _needed([t.op for t, _ in readers.values()], region)
-    return copy_ops(graph, needed, wait, list(readers.values())), _backward_readers(region, building)
+    done, reads = Recomputed(), list(readers.values())
+    for t, backward in _first_of_chains(reads, needed):
+        late = _live(incoming_gradients(set(backward), {t.ref()}))
+        if late:
+            done += copy_ops(graph, [t.op], late, [(t, backward)], "_recompute_late")
+            reads.remove((t, backward))
+    return done + copy_ops(graph, needed, wait, reads), _backward_readers(region, building)
+
+
+def _first_of_chains(reads: list, needed: list) -> list:
+    """The (tensor, backward readers) whose tensor a copy makes from checkpoints alone and other
+    copies read: the segment computes it first, its backward readers come last (a stem
+    convolution's output, read by its batch norm's gradient at the segment's end). Those readers
+    get a copy of their own, made when the backward reaches them, so that the first one dies as
+    soon as the segment's chain has read it: one more op, one activation less held throughout."""
+    chain = set(needed)
+    return [(t, backward) for t, backward in reads
+            if not any(u.op in chain for u in t.op.inputs) and any(c in chain for c in t.consumers())]
 
 
 def _with_first_input(layers: list) -> list:

@@ -8,13 +8,15 @@ to the backward in every layer. Only running the convolutions again removes it. 
 sublinear-memory rule: keep one checkpoint every √n layers, recompute the rest segment by segment,
 for one extra forward.
 
-Segments. A tower's synchronized layers, in forward order, are cut into runs of about √n
-(`starts`). Segment k is the forward that follows its first layer's normalization (its *roots*:
-graphsync's normalization op, or a moments layer's first scale of x) and no later segment's roots:
-the forward ops reached from its roots through activation-sized tensors, on the roots' device,
-minus those reached from any later segment's roots. What the segment reads from outside — the
-first layer's input x, a skip connection, a residual's shortcut — is its checkpoint: the forward
-keeps it. Every activation-sized tensor the backward reads inside the segment is a copy instead.
+Segments. Each synchronized layer of a tower owns a *region*: the forward ops reached from its
+roots (graphsync's normalization op, a moments layer's first scale of x, where a synchronized
+reduction's value meets the activations; and, for the tower's first layer, the stem convolution
+that makes its input) through activation-sized tensors on the roots' device, and from no later
+layer's roots. Consecutive layers are grouped into segments (`cut`: the grouping whose estimated
+peak is least, among greedy cuts at a ladder of sizes and cuts every k layers, Chen et al.'s √n
+among them). What a segment reads from another — a skip connection, a residual's shortcut, the
+input of its first convolution — is its checkpoint: the forward keeps it. Every activation-sized
+tensor the backward reads inside the segment is a copy instead.
 
 Statistics are never recomputed. Walking only through activation-sized tensors stops at every
 statistic (per channel: a reduction over the batch, the exchange, the moving averages), so a copied
@@ -23,17 +25,23 @@ and no moving average is updated twice. Stateful ops (random ops, variable reads
 collectives), training-mode fused batch norms and reductions over the batch axis are never copied
 either: their forward outputs are checkpoints, so a dropout mask is the one the forward drew.
 
-Timing. A segment's copies wait, by control edges, for the gradient tensors that flow into the
-backward ops reading the segment (those not computed from them): they run when the backward leaves
-the next segment, and die as the segment's backward consumes them. The copies are the same ops on
-the same inputs, so the step is bit for bit the step without recompute; their control inputs and
-`RECOMPUTED_ATTR` keep Grappler's common-subexpression elimination from merging them back.
+Timing. A segment's copies wait, by control edges, for the gradients flowing into the backward ops
+that read the segment (never one computed from them: no cycle), and for the backward ops reading
+the next segment's activations, so two segments' activations are not held at once. A wait that a
+v1 Switch may leave dead (behind a tensor training flag, the backward of the branch not taken) is
+replaced by its nearest ancestors that always run: a dead control input would kill the copy. What
+the segment computes from its checkpoints alone, and its batch norm's gradient reads last, gets a
+second copy for that reader, made when the backward reaches it (`_first_of_chains`). The copies are
+the same ops on the same inputs, so the step is bit for bit the step without recompute; their
+control inputs and `RECOMPUTED_ATTR` keep Grappler's common-subexpression elimination from merging
+them back.
 
-Gradients built after the rewrite: each segment's first layer carries its roots and every later
-segment's roots in `SEGMENT_ATTR` / `LATER_ATTR`, and the gradient function graphsync registered for
-that layer (the op tf.gradients reaches last in its backward) recomputes the segment
-(`when_differentiated`): tf.gradients works in reverse topological order, so by then every gradient
-op that reads the segment exists.
+Gradients built after the rewrite: every layer of a segment carries the segment's roots, every
+later segment's roots and its members' triggers (`SEGMENT_ATTR`, `LATER_ATTR`, `MEMBERS_ATTR`); the
+gradient function graphsync registered for each layer (the op tf.gradients reaches last in its
+backward) marks it reached, and the last of them recomputes the segment (`when_differentiated`):
+tf.gradients works in reverse topological order, so by then every gradient op reading the segment
+exists.
 """
 from __future__ import annotations
 

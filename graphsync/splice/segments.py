@@ -350,10 +350,12 @@ def _activation(t: tf.Tensor) -> bool:
 
 def _bytes(region: set) -> int:
     """What recomputing `region` holds until the backward reads it: the activations the backward
-    reads (an op between them usually reuses its input's buffer), a batch of one where unknown."""
+    reads (an op between them usually reuses its input's buffer), a batch of one where unknown.
+    Before the gradients exist, every activation the region computes: what they will read."""
+    differentiated = any(is_backward(c) for op in region for t in op.outputs for c in t.consumers())
     return sum(_size(t) for op in region if _copyable(op) for t in op.outputs
-               if _activation(t) and any(is_backward(c) and c.type not in _SHAPE_TYPES and _used(c)
-                                         for c in t.consumers()))
+               if _activation(t) and (not differentiated or any(
+                   is_backward(c) and c.type not in _SHAPE_TYPES and _used(c) for c in t.consumers())))
 
 
 def _size(t: tf.Tensor) -> int:

@@ -22,7 +22,6 @@ import towerlib as tl
 
 tf1 = tf.compat.v1
 INPUT_SHAPE = (6, 6, 3)
-STEPS = 3
 
 MODELS = {
     "raw-fused": models.resnetish(depth=3),
@@ -32,16 +31,7 @@ MODELS = {
 }
 
 
-def _steps(built, x, t, batch_sizes, steps=STEPS):
-    """Every variable (trainable, then moving statistics) after `steps` training steps."""
-    splits = np.cumsum(batch_sizes)[:-1]
-    feed = dict(zip(built.inputs, np.split(x, splits)))
-    feed.update(zip(built.targets, np.split(t, splits)))
-    with tf1.Session(graph=built.graph, config=tl.CONFIG) as sess:
-        sess.run(tf1.global_variables_initializer())
-        for _ in range(steps):
-            sess.run(built.train_op, feed)
-        return sess.run(built.variables + built.moving)
+_steps = tl.variables_after   # every variable after several training steps
 
 
 def _forward_activations(graph):

@@ -28,7 +28,6 @@ from graphsync.splice.recompute import RECOMPUTED_ATTR
 
 tf1 = tf.compat.v1
 INPUT_SHAPE = (6, 6, 3)
-STEPS = 3
 _SHAPES = ("Shape", "ShapeN", "Size", "Rank")
 
 
@@ -58,16 +57,7 @@ CASES = [("resnet-fused", "gather", [3, 5]), ("encoder-decoder", "allreduce", [2
          ("dropout", "allreduce", [3, 5])]
 
 
-def _steps(built, x, t, batch_sizes, steps=STEPS):
-    """Every variable (trainable, then moving statistics) after `steps` training steps."""
-    splits = np.cumsum(batch_sizes)[:-1]
-    feed = dict(zip(built.inputs, np.split(x, splits)))
-    feed.update(zip(built.targets, np.split(t, splits)))
-    with tf1.Session(graph=built.graph, config=tl.CONFIG) as sess:
-        sess.run(tf1.global_variables_initializer())
-        for _ in range(steps):
-            sess.run(built.train_op, feed)
-        return sess.run(built.variables + built.moving)
+_steps = tl.variables_after   # every variable after several training steps
 
 
 def copies(graph):

@@ -115,6 +115,18 @@ def run_step(built: Built, x, t, batch_sizes, target="", config=None, extra_feed
             "loss": np.array(losses, np.float64), "grads": grads, "moving": moving, "variables": variables}
 
 
+def variables_after(built: Built, x, t, batch_sizes, steps=3) -> list:
+    """Every variable (trainable, then moving statistics) after `steps` training steps."""
+    splits = np.cumsum(batch_sizes)[:-1]
+    feed = dict(zip(built.inputs, np.split(x, splits)))
+    feed.update(zip(built.targets, np.split(t, splits)))
+    with tf1.Session(graph=built.graph, config=CONFIG) as sess:
+        sess.run(tf1.global_variables_initializer())
+        for _ in range(steps):
+            sess.run(built.train_op, feed)
+        return sess.run(built.variables + built.moving)
+
+
 def executed_nodes(built: Built, batch_sizes) -> set:
     """Names of the ops one training step runs, from TensorFlow's own step statistics."""
     x, t = data(batch_sizes, built.inputs[0].shape[1:].as_list(), built.targets[0].shape[1:].as_list())

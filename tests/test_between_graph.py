@@ -123,6 +123,23 @@ def test_a_batch_norm_written_by_hand_under_graphsync_run(tmp_path):
 
 
 @tiers.full
+def test_a_decoder_under_graphsync_run(tmp_path):
+    """The second batch norm after a stride-2 transposed convolution (a Conv2DBackpropInput in the
+    forward: issue 52), across two unchanged worker scripts."""
+    args = ["--sizes", "3,5", "--decoder"]
+    (tmp_path / "synced").mkdir(), (tmp_path / "plain").mkdir()
+    synced = run_workers(tmp_path / "synced", 2, args=args)
+    assert "graphsync: 2 layers × 1 tower synchronized by all-reduce on the towers' devices across 2 worker " \
+           "processes" in synced[0][2], synced[0][2]
+    errors = errors_against_one_device(synced, [3, 5], decoder=True)
+    plain = errors_against_one_device(run_workers(tmp_path / "plain", 2, runner=[sys.executable], args=args + ["--alone"]),
+                                      [3, 5], decoder=True)
+    print("2 workers [3, 5], a decoder, synchronized:", errors, "plain python:", plain)
+    assert max(errors.values()) < TOLERANCE, errors
+    assert plain["output"] > 1e-2 and plain["grads"] > 1e-2, plain
+
+
+@tiers.full
 def test_a_plain_worker_trains_after_its_peer_has_gone(tmp_path):
     """The plain runs' premise: with --alone a worker's session waits for no other task, so a
     worker that finished and exited first cannot hang the other's session start (two rehearsals

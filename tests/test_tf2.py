@@ -86,10 +86,15 @@ CASES = {
     "keras3-2": ["--api", "keras3", "--devices", "2", "--examples", "20"],      # moments: the tape's record
     "keras3-4": ["--api", "keras3", "--devices", "4"],
     "fit-2-train-on-batch": ["--api", "fit", "--devices", "2", "--on-batch", "--examples", "20"],
+    # a decoder: the batch norm after a transposed convolution, a Conv2DBackpropInput in the forward
+    "fit-2-decoder": ["--api", "fit", "--devices", "2", "--decoder", "--examples", "20"],
+    "loop-4-decoder": ["--api", "loop", "--devices", "4", "--decoder", "--examples", "23"],
+    "keras3-2-decoder": ["--api", "keras3", "--devices", "2", "--decoder", "--examples", "20"],
 }
 
 
-@pytest.mark.parametrize("name", tiers.cases(CASES, list(CASES), fast=["fit-2", "loop-4-uneven", "keras3-2"]))
+@pytest.mark.parametrize("name", tiers.cases(CASES, list(CASES), fast=["fit-2", "loop-4-uneven", "keras3-2",
+                                                                        "fit-2-decoder"]))
 def test_a_traced_step_equals_one_device_and_plain_python_does_not(tmp_path, name):
     runs = _train(tmp_path, CASES[name])
     for run, (result, arrays) in runs.items():

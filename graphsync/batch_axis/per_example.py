@@ -11,8 +11,11 @@ from graphsync.batch_axis.registry import End, register
 PER_EXAMPLE = frozenset("""
 Conv2D Conv3D DepthwiseConv2dNative MaxPool MaxPoolV2 AvgPool AvgPool3D MaxPool3D LRN Dilation2D
 ResizeBilinear ResizeNearestNeighbor ResizeBicubic ResizeArea SpaceToDepth DepthToSpace ExtractImagePatches
-Conv2DBackpropInput Conv3DBackpropInputV2 MaxPoolWithArgmax FusedResizeAndPadConv2D FusedPadConv2D
+Conv2DBackpropInput Conv3DBackpropInput Conv3DBackpropInputV2 DepthwiseConv2dNativeBackpropInput
+MaxPoolWithArgmax FusedResizeAndPadConv2D FusedPadConv2D
 """.split())
+# transposed convolutions: the examples are the gradient they are written as (input 2)
+_TRANSPOSED = ("Conv2DBackpropInput", "Conv3DBackpropInput", "DepthwiseConv2dNativeBackpropInput")
 PER_EXAMPLE_ENV = "GRAPHSYNC_PER_EXAMPLE_OPS"   # the user's own per-example op types (declared_per_example)
 
 
@@ -27,7 +30,7 @@ def per_example_outputs(op, ins, data):
 
 @register("per example", *PER_EXAMPLE)
 def _per_example(op, ins, context):
-    data = 2 if op.type.startswith(("Conv2DBackpropInput", "Conv3DBackpropInput")) else 0
+    data = 2 if op.type.startswith(_TRANSPOSED) else 0
     return per_example_outputs(op, ins, data), None
 
 

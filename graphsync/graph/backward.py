@@ -1,4 +1,4 @@
-"""Which ops of a graph belong to a backward pass, known by the graph's structure alone.
+"""Which ops of a graph belong to a backward pass, known by what a gradient's seed reaches.
 
 Every stage that walks the forward must stop at the backward: the gradients of a batch norm, of
 the loss and of every layer read forward tensors, and their sums over the batch (the loss's
@@ -6,25 +6,25 @@ gradient broadcast back to the examples, a weight gradient, a batch norm's own b
 gradient of whole-batch statistics, not statistics the forward reads back. Names cannot say which
 ops those are: tf.gradients puts them under `gradients/`, TF2's tape under `gradient_tape/`, a
 `tf.function`'s own gradient in a body named after its forward, graphsync under its own scopes.
+Nor can op types: a transposed convolution *is* a `Conv2DBackpropInput` in the forward, a decoder
+may upsample by an op whose type ends in `Grad`, and everything after them is forward.
 
-The backward is what flows from a gradient's two kinds of sources:
+The backward is what flows from a gradient's seed, the tensor of ones a gradient starts from:
+tf.gradients' `Fill(Shape(loss), 1)` or `OnesLike`, and the tape's constant `ones` (a
+`tf.function`'s gradient body is called with tensors the seed reached, so it is reached too). A
+tensor of ones is a seed only when it is no ancestor of the forward: of a batch norm in training mode, of a `Mean`,
+of a value a gradient kernel reads as the forward's (a ReLU's output for ReluGrad, a convolution's
+input for Conv2DBackpropFilter; a mask or a weight of ones in the forward is one); a constant one
+only when it also reaches an op of a gradient kernel's type (a `1 - momentum` for a moving average
+does not). Types only narrow down which constants to look at: they never make an op backward.
 
-  kernels  op types only gradient functions create: `*Grad`, `*GradV2`, `*GradV3`, `*Backprop*`
-           (ReluGrad, FusedBatchNormGradV3, BiasAddGrad, Conv2DBackpropFilter …) and
-           BroadcastGradientArgs, which shapes the reductions of a broadcast's gradient, and
-           the stacks a v1 while loop's gradient keeps the forward's values on;
-  seeds    the tensor of ones a gradient starts from: tf.gradients' `Fill(Shape(loss), 1)`, or
-           `OnesLike`, and the tape's constant `ones`. A tensor of ones is a seed only when it
-           is no ancestor of the forward: of a batch norm, of a `Mean`, of a value a kernel
-           reads as the forward's (a ReLU's output for ReluGrad, a convolution's input for
-           Conv2DBackpropFilter; a mask or a weight of ones in the forward is one); a constant
-           one only when it also reaches a kernel (a `1 - momentum` for a moving average does not).
-
-An op is in the backward when it is a kernel or a seed, or when one of its data inputs is, or when
-only the backward reads it beyond its shape (what a gradient function computes off the forward's
-tensors: a shape, a max's indicators; never the loss, read by nothing but its gradient's Shape). Ops
-added later (graphsync's own backward, spliced beside the gradients it replaces, reads them) are
-judged by the same rule when first asked about.
+An op is in the backward when a seed reaches it through data, or when only the backward reads it
+beyond its shape (what a gradient function computes off the forward's tensors: a shape, a max's
+indicators, a v1 while loop's stack of forward values, popped by the loop's gradient; never the
+loss, read by nothing but its gradient's Shape). A graph whose gradients do not exist yet has no
+backward at all. The set is found once per graph and extended as ops are added (graphsync's own
+backward, spliced beside the gradients it replaces, reads them); a new seed (tf.gradients called
+again) has it found anew.
 """
 from __future__ import annotations
 
@@ -33,12 +33,12 @@ import weakref
 import numpy as np
 import tensorflow as tf
 
-from graphsync.graph import tf_private
+from graphsync.graph import marks, tf_private
 
 _KERNEL_SUFFIXES = ("Grad", "GradV2", "GradV3", "GradGrad")
-# the gradient of a v1 while loop saves the forward's values on stacks: nothing else builds them
-_KERNEL_TYPES = frozenset({"BroadcastGradientArgs", "SymbolicGradient", "StackV2", "StackPushV2", "StackPopV2"})
-_FORWARD_MARKS = frozenset({"FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3", "Mean"})
+# op types that, in a graph holding a tensor of ones, say the ones may be a tape's seed
+_KERNEL_TYPES = frozenset({"BroadcastGradientArgs", "SymbolicGradient", "StackPopV2"})
+_FUSED = frozenset({"FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3"})
 # where common kernels read the incoming gradient; their other inputs are forward values (a
 # ReLU's output, a convolution's input, a batch norm's x), which no gradient seed is an ancestor of
 _GRADIENT_INPUTS = {
@@ -47,9 +47,10 @@ _GRADIENT_INPUTS = {
                      "BiasAddGrad", "LRNGrad", "ResizeBilinearGrad", "ResizeNearestNeighborGrad"), (0,)),
     **dict.fromkeys(("SigmoidGrad", "TanhGrad", "RsqrtGrad", "SqrtGrad", "ReciprocalGrad", "InvGrad",
                      "AvgPoolGrad", "AvgPool3DGrad"), (1,)),
-    **dict.fromkeys(("Conv2DBackpropInput", "Conv2DBackpropFilter", "Conv3DBackpropInputV2",
-                     "Conv3DBackpropFilterV2", "DepthwiseConv2dNativeBackpropInput",
-                     "DepthwiseConv2dNativeBackpropFilter", "MaxPoolGrad", "MaxPoolGradV2", "MaxPool3DGrad"), (2,)),
+    **dict.fromkeys(("Conv2DBackpropInput", "Conv3DBackpropInputV2", "DepthwiseConv2dNativeBackpropInput",
+                     "MaxPoolGrad", "MaxPoolGradV2", "MaxPool3DGrad"), (2,)),
+    # a filter's gradient reads the gradient at 2 for a convolution, at 0 for a transposed one
+    **dict.fromkeys(("Conv2DBackpropFilter", "Conv3DBackpropFilterV2", "DepthwiseConv2dNativeBackpropFilter"), (0, 2)),
 }
 _FILLS = frozenset({"Fill", "OnesLike"})
 _SHAPES = frozenset({"Shape", "ShapeN", "Size", "Rank"})
@@ -58,19 +59,30 @@ _known = weakref.WeakKeyDictionary()   # graph → _Backward, as of the graph ve
 
 
 def is_kernel_type(op_type: str) -> bool:
-    """Whether only a gradient function creates ops of this type."""
+    """Whether gradient functions create ops of this type (which a forward may hold too: a
+    transposed convolution is a `Conv2DBackpropInput`): a hint where to look, never a verdict."""
     return op_type in _KERNEL_TYPES or op_type.endswith(_KERNEL_SUFFIXES) or "Backprop" in op_type
 
 
 def is_backward(op: tf.Operation) -> bool:
     """Whether `op` belongs to a backward pass of its graph (the module docstring)."""
-    graph = op.graph
+    return op in _state(op.graph).ops
+
+
+def _state(graph: tf.Graph) -> "_Backward":
+    """The graph's backward as of now: found once, extended by the ops added since."""
     state = _known.get(graph)
     if state is None:
         state = _known[graph] = _Backward(graph)
     elif state.version != graph.version:
-        state.extend(graph)
-    return op in state.ops
+        state = _known[graph] = state.extend(graph)
+    return state
+
+
+def seeds(graph: tf.Graph) -> list:
+    """The ops the backward of `graph` flows from: tf.gradients' `Fill(Shape(loss), 1)` and
+    `OnesLike(loss)`, a tape's constant ones (the module docstring)."""
+    return list(_state(graph).seeds)
 
 
 def judge_again(graph: tf.Graph) -> None:
@@ -82,8 +94,7 @@ def judge_again(graph: tf.Graph) -> None:
 
 def has_backward(graph: tf.Graph) -> bool:
     """Whether `graph` holds any backward op yet (tf.gradients or a tape has run)."""
-    ops = graph.get_operations()
-    return bool(ops) and (is_backward(ops[0]) or bool(_known[graph].ops))
+    return bool(_state(graph).ops)
 
 
 class _Backward:
@@ -92,34 +103,74 @@ class _Backward:
     def __init__(self, graph: tf.Graph):
         ops = graph.get_operations()
         self.version = graph.version
-        kernels = [op for op in ops if is_kernel_type(op.type)]
-        candidates = [op for op in ops if op.type in _FILLS and _is_ones(op)]
-        if kernels:   # a constant seed reaches a kernel: a graph without kernels has none
-            reaching_kernels = _ancestors(kernels)
-            candidates += [op for op in ops if op.type == "Const" and op in reaching_kernels and _is_ones(op)]
-        seeds = []
-        if candidates:
-            forward_reads = [t.op for k in kernels if k.type in _GRADIENT_INPUTS
-                             for i, t in enumerate(k.inputs) if i not in _GRADIENT_INPUTS[k.type]]
-            forward = _ancestors([op for op in ops if op.type in _FORWARD_MARKS] + forward_reads)
-            seeds = [op for op in candidates if op not in forward]
-        self.ops = _descendants(kernels + seeds)
+        self.seeds = _seeds(ops)
+        self.ops = _descendants(self.seeds)
         if self.ops:
-            for op in reversed(ops):   # what a gradient function computes off the forward
-                if op not in self.ops and _read_only_by(op, self.ops):
-                    self.ops.add(op)
+            self._add_read_only_by_backward(ops)
+            self.ops |= _popped_stacks(ops)
+            self._add_read_only_by_backward(ops)
 
-    def extend(self, graph: tf.Graph) -> None:
-        for op in tf_private.ops_added_since(graph, self.version):
-            if is_kernel_type(op.type) or any(t.op in self.ops for t in op.inputs):
+    def _add_read_only_by_backward(self, ops) -> None:
+        for op in reversed(ops):   # what a gradient function computes off the forward
+            if op not in self.ops and _read_only_by(op, self.ops):
                 self.ops.add(op)
+
+    def extend(self, graph: tf.Graph) -> "_Backward":
+        """The state with the ops added since: judged by their inputs, or all found anew when one of
+        them is a new seed (tf.gradients called again)."""
+        for op in tf_private.ops_added_since(graph, self.version):
+            if any(t.op in self.ops for t in op.inputs):
+                self.ops.add(op)
+            elif op.type in _FILLS and _is_ones(op):   # ones of the forward's shape: maybe a new seed
+                return _Backward(graph)
         self.version = graph.version
+        return self
+
+
+def _seeds(ops) -> list:
+    """The tensors of ones gradients start from (module docstring)."""
+    candidates = [op for op in ops if op.type in _FILLS and _is_ones(op)]
+    kernels = [op for op in ops if is_kernel_type(op.type)]
+    if kernels:   # a tape's constant seed reaches a gradient kernel's type: without one, no constant is a seed
+        reaching_kernels = _ancestors(kernels)
+        candidates += [op for op in ops if op.type == "Const" and op in reaching_kernels and _is_ones(op)]
+    if not candidates:
+        return []
+    forward_reads = [t.op for k in kernels if k.type in _GRADIENT_INPUTS
+                     for i, t in enumerate(k.inputs) if i not in _GRADIENT_INPUTS[k.type]]
+    forward = _ancestors([op for op in ops if _forward_mark(op)] + forward_reads)
+    return [op for op in candidates if op not in forward]
+
+
+def _forward_mark(op: tf.Operation) -> bool:
+    """A batch norm in training mode or a mean: forward ops (a fused batch norm in inference mode
+    may be a backward's: graphsync's own gradient normalizes with statistics it is given)."""
+    if op.type == "Mean":
+        return True
+    return op.type in _FUSED and bool(op.get_attr("is_training"))
+
+
+def _popped_stacks(ops) -> set:
+    """A v1 while loop's gradient keeps the forward's values on a stack, pushed in the forward loop
+    and popped in the backward's (even a value it then leaves unused): a stack something pops is
+    the backward's, pushes included (read by nothing). Nothing else TensorFlow builds pops one."""
+    found = set()
+    for op in ops:
+        if op.type == "StackV2":
+            users = _descendants([op])
+            if any(u.type == "StackPopV2" for u in users):
+                found |= users
+    return found
 
 
 def _read_only_by(op: tf.Operation, backward: set) -> bool:
     """Whether only the backward reads `op`, beyond its shape: what a gradient function computes
     off the forward's tensors (a shape, a max's indicators). Its shape alone does not count: the
-    loss, which the script fetches, is read by nothing but its gradient's `Shape`."""
+    loss, which the script fetches, is read by nothing but its gradient's `Shape`. Nor does a
+    forward op graphsync copied to run late for the backward (graph/marks.py): it is forward
+    arithmetic, and recompute must tell it from the gradients it waits for."""
+    if marks.is_recomputed(op):
+        return False
     consumers = [c for t in op.outputs for c in t.consumers()]
     return any(c.type not in _SHAPES for c in consumers) and all(c in backward for c in consumers)
 

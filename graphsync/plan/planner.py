@@ -16,7 +16,7 @@ from graphsync.errors import GraphsyncError, NoTowersError
 from graphsync.graph import by_type, order, shapes, tf_private
 from graphsync.match import hidden, unfollowed
 from graphsync.match.candidate import MomentsParts
-from graphsync.plan import normalizations, reductions, rule, shared_tasks, training_flag
+from graphsync.plan import left_alone, normalizations, reductions, rule, shared_tasks, training_flag
 from graphsync.plan.data import LayerPlan, MomentsGrad, Plan, Site
 from graphsync.stats import Layout
 from graphsync.towers import names as tower_names
@@ -55,7 +55,7 @@ def make_plan(graph: tf.Graph, towers=None, device: str | None = None, *, strate
                                trace_ended=tuple((op.name, why) for op, why in analysis.ended),
                                unfollowed=_unfollowed(plan, analysis, covered, process_group))
     if not plan.calls:   # else planned again once the calls are inlined
-        plan = _refusals(plan, refuse)
+        plan = _refusals(graph, plan, refuse)
         if refuse:
             _refuse_unpaired_gradients(plan.layers)
     layers, skipped = _in_forward_order(graph, plan.layers, plan.skipped)
@@ -75,12 +75,14 @@ def make_plan(graph: tf.Graph, towers=None, device: str | None = None, *, strate
     return plan
 
 
-def _refusals(plan: Plan, refuse: bool) -> Plan:
+def _refusals(graph: tf.Graph, plan: Plan, refuse: bool) -> Plan:
     """Raises the first refusal: a batch statistic no layer synchronizes (plan/rule.py), then an op
-    type without a rule read back (match/unfollowed.py); without `refuse`, keeps its line instead."""
+    type without a rule read back (match/unfollowed.py), then towers that normalize per tower while
+    the plan synchronizes nothing (plan/left_alone.py); without `refuse`, keeps its line instead."""
     try:
         rule.refuse(plan.cross_example)
         unfollowed.refuse(plan.unfollowed)
+        left_alone.refuse(graph, plan)
     except GraphsyncError as refusal:
         if refuse:
             raise

@@ -44,14 +44,14 @@ import dataclasses
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
-from graphsync.graph import tf_private
+from graphsync.graph import marks, tf_private
 from graphsync.graph.reroute import reroute_consumers
 from graphsync.graph.tf_private import create_op, pristine_scope
 from graphsync.graph.backward import is_backward
 
 ACTIVATIONS = frozenset({"Relu", "Relu6", "LeakyRelu", "Elu", "Sigmoid", "Tanh", "Identity"})
 AFFINE = frozenset({"Mul", "AddV2", "Add", "BiasAdd", "Sub", "RealDiv"})   # with a per-channel operand
-RECOMPUTED_ATTR = "_graphsync_recompute"
+RECOMPUTED_ATTR = marks.RECOMPUTED
 ROOTS_ATTR = "_graphsync_recompute_roots"   # on the op whose gradient recomputes (when_differentiated)
 _OWN_ATTRS = ("_graphsync_recompute_roots", "_graphsync_segment")   # what a copy must not inherit
 _SHAPE_TYPES = frozenset({"Shape", "ShapeN", "Size", "Rank"})

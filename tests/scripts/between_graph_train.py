@@ -5,7 +5,7 @@ it computed saved to OUT (.npz). tests/test_between_graph.py runs it under `grap
 under plain python.
 
     TF_CONFIG='{"cluster": {"worker": [...]}, "task": {"type": "worker", "index": 1}}' \\
-        python between_graph_train.py OUT [--sizes 3,5] [--towers 1] [--channels 4] [--v1] [--flag] [--handwritten]
+        python between_graph_train.py OUT [--sizes 3,5] [--towers 1] [--channels 4] [--v1] [--flag] [--handwritten] [--decoder]
 
 --v1: tf.compat.v1.disable_v2_behavior() first, as tf_cnn_benchmarks and many TF1 scripts do.
 
@@ -15,6 +15,8 @@ in an evaluation pass before the training step (its outputs and losses saved as 
 
 --handwritten: the second batch norm written by hand (tf.math.reduce_variance, a mean, γ and β), a
 batch statistic the rule finds rather than a layer.
+
+--decoder: the second convolution a stride-2 transposed one (a Conv2DBackpropInput in the forward).
 
 --sizes: examples per worker (per tower with --towers K: K numbers per worker, worker after worker).
 The model: conv → batch norm → relu → conv → batch norm → relu → mean → dense, squared-error loss
@@ -57,17 +59,19 @@ def handwritten_norm(h, name):
     return (h - mean) * tf.math.rsqrt(tf.math.reduce_variance(h, [0, 1, 2]) + 1e-3) * gamma + beta
 
 
-def model(x, channels, training=True, handwritten=False):
+def model(x, channels, training=True, handwritten=False, decoder=False):
     init = tf1.glorot_uniform_initializer
     h = tf1.layers.conv2d(x, channels, 3, padding="same", use_bias=False, kernel_initializer=init(seed=1), name="conv1")
     h = tf.nn.relu(tf1.layers.batch_normalization(h, training=training, name="bn1"))
-    h = tf1.layers.conv2d(h, channels, 3, padding="same", use_bias=False, kernel_initializer=init(seed=2), name="conv2")
+    conv = tf1.layers.conv2d_transpose if decoder else tf1.layers.conv2d   # a decoder: up by 2
+    h = conv(h, channels, 3, 2 if decoder else 1, padding="same", use_bias=False, kernel_initializer=init(seed=2),
+             name="conv2")
     h = handwritten_norm(h, "bn2") if handwritten else tf1.layers.batch_normalization(h, training=training, name="bn2")
     h = tf.nn.relu(h)
     return tf1.layers.dense(tf.reduce_mean(h, [1, 2]), OUTPUTS, kernel_initializer=init(seed=3), name="head")
 
 
-def build(sizes, channels, devices, scopes, training=True, handwritten=False):
+def build(sizes, channels, devices, scopes, training=True, handwritten=False, decoder=False):
     """Towers of `sizes` examples (one per device and scope), shared variables, summed gradients."""
     x, t = tf1.placeholder(tf.float32, [None, *IMAGE]), tf1.placeholder(tf.float32, [None, OUTPUTS])
     training = tf1.placeholder_with_default(True, [], name="is_training") if training == "flag" else training
@@ -76,7 +80,7 @@ def build(sizes, channels, devices, scopes, training=True, handwritten=False):
     opt = tf1.train.GradientDescentOptimizer(0.1)
     for i, (device, scope) in enumerate(zip(devices, scopes)):
         with tf.device(device), tf1.name_scope(scope or None), tf1.variable_scope("model", reuse=i > 0):
-            y = model(xs[i], channels, training, handwritten)
+            y = model(xs[i], channels, training, handwritten, decoder)
             loss = 0.5 * tf.reduce_sum(tf.square(y - ts[i]))
             outputs.append(y), losses.append(loss)
             tower_grads.append(opt.compute_gradients(loss))
@@ -87,12 +91,13 @@ def build(sizes, channels, devices, scopes, training=True, handwritten=False):
     return x, t, outputs, losses, [g for g, _ in grads], train_op, moving, training
 
 
-def step(target, config, sizes, channels, devices, scopes, x_data, t_data, flag=False, handwritten=False):
+def step(target, config, sizes, channels, devices, scopes, x_data, t_data, flag=False, handwritten=False,
+         decoder=False):
     graph = tf.Graph()
     evaluation = {}
     with graph.as_default():
         x, t, outputs, losses, grads, train_op, moving, training = build(
-            sizes, channels, devices, scopes, "flag" if flag else True, handwritten)
+            sizes, channels, devices, scopes, "flag" if flag else True, handwritten, decoder)
         with tf1.Session(target, config=config) as sess:
             sess.run(tf1.global_variables_initializer())
             feed = {x: x_data, t: t_data}
@@ -108,11 +113,11 @@ def step(target, config, sizes, channels, devices, scopes, x_data, t_data, flag=
             "moving": np.concatenate([m.ravel() for m in got_moving]), **evaluation}
 
 
-def reference(sizes, channels=4, handwritten=False):
+def reference(sizes, channels=4, handwritten=False, decoder=False):
     """One device on the concatenated batch; `loss` per shard of `sizes`."""
     x, t = data(sum(sizes))
     config = tf1.ConfigProto(device_count={"CPU": 1})
-    got = step("", config, [sum(sizes)], channels, ["/cpu:0"], [""], x, t, handwritten=handwritten)
+    got = step("", config, [sum(sizes)], channels, ["/cpu:0"], [""], x, t, handwritten=handwritten, decoder=decoder)
     per_example = 0.5 * np.square(got["output"].astype(np.float64) - t).sum(1)
     got["loss"] = np.array([part.sum() for part in np.split(per_example, np.cumsum(sizes)[:-1])])
     return got
@@ -127,6 +132,8 @@ def main():
     parser.add_argument("--v1", action="store_true", help="build the graph with TensorFlow 1 behaviour")
     parser.add_argument("--flag", action="store_true", help="batch norms behind an is_training placeholder")
     parser.add_argument("--handwritten", action="store_true", help="the second batch norm written by hand")
+    parser.add_argument("--decoder", action="store_true",
+                        help="the second convolution a transposed one (Conv2DBackpropInput), stride 2")
     parser.add_argument("--alone", action="store_true",
                         help="a session that sees only this task (plain, unsynchronized runs: a worker "
                              "that finished and exited must not keep the other's session from starting)")
@@ -149,7 +156,8 @@ def main():
     # A filter in the server's default config does not reach the session: the session's own does.
     session_config = tf1.ConfigProto(device_filters=[here]) if args.alone else None
     got = step(server.target, session_config, mine, args.channels, devices, scopes,
-               x[start:start + sum(mine)], t[start:start + sum(mine)], args.flag, args.handwritten)
+               x[start:start + sum(mine)], t[start:start + sum(mine)], args.flag, args.handwritten,
+               args.decoder)
     np.savez(args.out, **got)
     print(f"{job}:{index} trained on {sum(mine)} examples", flush=True)
 

@@ -27,6 +27,8 @@ parser.add_argument("--mixed", action="store_true", help="mixed_float16")
 parser.add_argument("--nested", action="store_true", help="the batch norms inside a nested model and a custom layer")
 parser.add_argument("--synchronized", action="store_true", help="Keras' own synchronized batch norm")
 parser.add_argument("--autosync", action="store_true", help="the one line: graphsync.autosync() first")
+parser.add_argument("--decoder", action="store_true",
+                    help="the second batch norm after a stride-2 transposed convolution (Conv2DBackpropInput)")
 parser.add_argument("--on-batch", action="store_true", help="train_on_batch per batch instead of fit")
 args = parser.parse_args()
 if args.autosync:
@@ -78,7 +80,10 @@ def build():
         inner = keras.Model(inner_in, Block()(inner_in), name="inner")
         h = inner(h)
     else:
-        h = keras.layers.Conv2D(4, 3, padding="same", data_format=data_format)(h)
+        if args.decoder:
+            h = keras.layers.Conv2DTranspose(4, 3, 2, padding="same", data_format=data_format)(h)
+        else:
+            h = keras.layers.Conv2D(4, 3, padding="same", data_format=data_format)(h)
         h = keras.layers.BatchNormalization(axis=axis, momentum=0.9, synchronized=args.synchronized)(h)
         h = keras.layers.ReLU()(h)
     h = keras.layers.GlobalAveragePooling2D(data_format=data_format)(h)

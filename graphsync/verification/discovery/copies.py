@@ -34,7 +34,7 @@ import dataclasses
 import tensorflow as tf
 
 from graphsync.towers.scopes import ROOT, Tower
-from graphsync.verification.discovery.loss import GRADIENT_SCOPE
+from graphsync.graph.backward import is_backward
 from graphsync.verification.discovery.state import WRITE_TYPES, Variable
 
 READS = ("ReadVariableOp", "Identity", "Snapshot")    # a variable's value, unchanged
@@ -162,7 +162,7 @@ def _by_readers(ops: dict, towers: list[Tower], membership) -> dict:
     for name, op in ops.items():
         places = {}
         for reader, slot in _readers(op):
-            if GRADIENT_SCOPE.search(reader.name):
+            if is_backward(reader):
                 continue
             tower = membership(reader)
             if tower is not None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from graphsync.verification.discovery.loss import GRADIENT_SCOPE
+from graphsync.graph.backward import is_backward
 
 GLOBAL = "global"
 # Ops that carry a whole batch to the towers without mixing its examples.
@@ -70,7 +70,7 @@ def find(tensor: tf.Tensor, needed: set, tower_of_op):
         if not readers:
             continue
         # the backward pass reads what its forward op reads, from wherever tf.gradients was called
-        readers = [c for c in readers if not GRADIENT_SCOPE.search(c.name)] or readers
+        readers = [c for c in readers if not is_backward(c)] or readers
         tower_of_reader = {c: owner(c, current, needed, tower_of_op) for c in readers}
         owners = set(tower_of_reader.values())
         if len(owners) == 1 and None not in owners:
@@ -108,7 +108,7 @@ def first_layers(tensors, needed: set) -> list[tuple[tf.Operation, int]]:
             continue
         seen.add(current.ref())
         for reader in current.consumers():
-            if reader not in needed or GRADIENT_SCOPE.search(reader.name):
+            if reader not in needed or is_backward(reader):
                 continue
             if carries(reader, current):
                 stack.extend(reader.outputs)

@@ -5,11 +5,12 @@ outside the towers; else none (verify then compares gradients and moving statist
 What tf.gradients differentiates comes before any name: it is what the optimizer's gradients come
 from, so it depends on the examples. A name proves nothing: tensorpack's ImageNet example has a
 `tower<i>/l2_regularize_loss` (weight decay, which no example changes) next to the `cost` its
-trainer differentiates. The seed tf.gradients starts from (a Fill of ones) is read by the gradient
-function of the loss's op, `<gradients scope>/<loss op>_grad/…`; when the loss is a sum whose
-gradient makes no op (AddN, Identity: `cost = tf.add_n([loss, wd_loss])`), the seed is read by its
-terms' gradients instead, and the terms are followed down to the sum. Subject then keeps the first
-choice whose tensors all depend on the examples (`options`, in this order).
+trainer differentiates. The seed tf.gradients starts from is shaped after what it differentiates,
+`Fill(Shape(loss), 1)` or `OnesLike(loss)` (graphsync/graph/backward.py finds the seeds): the loss
+is read off the seed, whatever its name (a sum such as `cost = tf.add_n([loss, wd_loss])` is the
+sum). A scalar loss's shape is often a constant, `Fill([], 1)`: the seed is then paired with the
+loss by the scope tf.gradients names the loss's gradient after (`_differentiated_by_scope`). Subject then keeps the first choice whose tensors
+all depend on the examples (`options`, in this order).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import re
 
 import tensorflow as tf
 
+from graphsync.graph import backward
 from graphsync.towers.scopes import Tower
 from graphsync.verification.discovery import names
 
@@ -56,7 +58,7 @@ def _named(graph: tf.Graph, towers: list[Tower]) -> list[tuple[list[str], str]]:
     candidates = [op.outputs[0] for op in graph.get_operations()
                   if op.outputs and op.outputs[0].dtype.is_floating and op.outputs[0].shape.rank == 0
                   and op.type not in ("Const", "Placeholder", "PlaceholderWithDefault", "ReadVariableOp")
-                  and not GRADIENT_SCOPE.search(op.name) and not op.name.startswith("graphsync/")]
+                  and not backward.is_backward(op) and not op.name.startswith("graphsync/")]
     by_relative: dict[str, dict] = {}
     at_root = []
     for candidate in candidates:
@@ -78,7 +80,21 @@ def _named(graph: tf.Graph, towers: list[Tower]) -> list[tuple[list[str], str]]:
 
 
 def _differentiated(graph: tf.Graph) -> list[tf.Tensor]:
-    """The float scalars tf.gradients differentiated (see the module docstring)."""
+    """The float scalars the gradients' seeds are shaped after (see the module docstring)."""
+    found = {}
+    for seed in backward.seeds(graph):
+        shaped_after = seed.inputs[0] if seed.type == "OnesLike" else seed.inputs[0].op.inputs[0] \
+            if seed.type == "Fill" and seed.inputs[0].op.type == "Shape" else None
+        if shaped_after is not None and _float_scalar(shaped_after.op) and not backward.is_backward(shaped_after.op):
+            found[shaped_after.name] = shaped_after
+    return [found[n] for n in sorted(found)] or _differentiated_by_scope(graph)
+
+
+def _differentiated_by_scope(graph: tf.Graph) -> list[tf.Tensor]:
+    """The float scalars tf.gradients differentiated when its seed's shape is a constant (a scalar
+    loss): the seed is read by the gradient function of the loss's op, `<gradients scope>/<loss
+    op>_grad/…`; when the loss is a sum whose gradient makes no op (AddN, Identity), by its terms'
+    gradients instead, and the terms are followed down to the sum."""
     seeded: dict[str, dict] = {}    # gradients scope → {tensor name: forward scalar it seeds}
     for op in graph.get_operations():
         if op.type != "Fill" or not GRADIENT_SCOPE.search(op.name) or tf.get_static_value(op.inputs[1]) != 1:

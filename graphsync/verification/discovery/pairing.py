@@ -21,7 +21,7 @@ from graphsync.graph import order
 from graphsync.errors import GraphsyncError
 from graphsync.towers.scopes import Tower
 from graphsync.verification.discovery import entries as entries_module, names
-from graphsync.verification.discovery.loss import GRADIENT_SCOPE
+from graphsync.graph.backward import is_backward
 
 
 @dataclasses.dataclass
@@ -90,6 +90,6 @@ def _example_shape(tensor: tf.Tensor):
 
 def _readers_key(entry: Entry, needed: set, tower_of_op):
     readers = [c for c in entry.tensor.consumers()
-               if c in needed and tower_of_op(c) == entry.tower and not GRADIENT_SCOPE.search(c.name)]
+               if c in needed and tower_of_op(c) == entry.tower and not is_backward(c)]
     inside = frozenset(names.relative(c.name, [entry.tower])[1] for c in readers)
     return entry.tensor.dtype, _example_shape(entry.tensor), inside

@@ -15,7 +15,10 @@ resnet: 32×32×3 input, stem + 3 stages of one basic residual block (16/32/64 c
 segnet: 32×32×3 input, U-Net-style encoder–decoder (16/32/64 channels, two convs per level, skip
         concatenations, nearest upsampling), 9 batch norms, per-pixel classifier (5 classes).
 unet64: the segmentation-sized model: 64×64×3 input, U-Net with 32/64/128 channels, 10 batch norms,
-        per-pixel classifier (5 classes).
+        per-pixel classifier (5 classes); its decoder upsamples by nearest-neighbour resizing.
+unet64t: unet64 whose decoder upsamples by a stride-2 3×3 transposed convolution instead (as
+        tf.compat.v1.layers.conv2d_transpose builds it: a `Conv2DBackpropInput` op in the forward, its
+        output shape stacked from the input's batch), same channels, same 10 batch norms.
 deeplab: DeepLab-like: 64×64×3 input, ResNet backbone of basic blocks (32/64/128 channels, the last
         stage dilated: output stride 4), ASPP-like head, 12 batch norms, logits upsampled to 64×64.
 """
@@ -67,6 +70,20 @@ def unet64(b, x):
     return b.conv(d1, 5, 1, 1, "classifier")
 
 
+def unet64t(b, x):
+    """unet64, its decoder upsampling by transposed convolution (the channels of the resized tensor)."""
+    def double(h, channels, name):
+        h = b.relu(b.bn(b.conv(h, channels, 3, 1, name + "/conv1"), name + "/bn1"))
+        return b.relu(b.bn(b.conv(h, channels, 3, 1, name + "/conv2"), name + "/bn2"))
+
+    e1 = double(x, 32, "enc1")                                                   # 64×64
+    e2 = double(b.relu(b.bn(b.conv(e1, 64, 3, 2, "down1"), "down1_bn")), 64, "enc2")  # 32×32
+    e3 = b.relu(b.bn(b.conv(e2, 128, 3, 2, "down2"), "down2_bn"))               # 16×16
+    d2 = double(b.cat(b.upconv(e3, 128, "up2"), e2), 64, "dec2")                 # 32×32
+    d1 = double(b.cat(b.upconv(d2, 64, "up1"), e1), 32, "dec1")                  # 64×64
+    return b.conv(d1, 5, 1, 1, "classifier")
+
+
 def deeplab(b, x):
     """DeepLab-like: a ResNet backbone of basic blocks, its last stage dilated instead of strided
     (output stride 4 at this small input), an ASPP-like head (1×1 and dilated 3×3 branches),
@@ -86,8 +103,9 @@ def deeplab(b, x):
 
 
 ARCHITECTURES = {"resnet": (resnet, 10, "classify"), "segnet": (segnet, 5, "segment"),
-                 "unet64": (unet64, 5, "segment"), "deeplab": (deeplab, 5, "segment")}
-INPUT_SIZE = {"unet64": 64, "deeplab": 64}   # image side; 32 for the others
+                 "unet64": (unet64, 5, "segment"), "unet64t": (unet64t, 5, "segment"),
+                 "deeplab": (deeplab, 5, "segment")}
+INPUT_SIZE = {"unet64": 64, "unet64t": 64, "deeplab": 64}   # image side; 32 for the others
 
 
 def input_size(arch: str) -> int:
@@ -150,6 +168,18 @@ class TowerBuilder:
     def up(self, xs):
         return self._each("up", lambda i, x: tf1.image.resize_nearest_neighbor(
             x, [2 * x.shape[1], 2 * x.shape[2]]), xs)
+
+    def upconv(self, xs, channels, name):
+        """×2 upsampling by a 3×3 stride-2 transposed convolution, spelled as
+        tf.compat.v1.layers.conv2d_transpose spells it (output shape from the input's batch)."""
+        cin = xs[0].shape[-1]
+        w = self._var(name + "/kernel", [3, 3, channels, cin],
+                      tf1.glorot_uniform_initializer(seed=sum(map(ord, name))))
+
+        def up(i, x):
+            shape = tf.stack([tf.shape(x)[0], 2 * x.shape[1], 2 * x.shape[2], channels])
+            return tf.nn.conv2d_transpose(x, w, shape, 2, "SAME")
+        return self._each(name, up, xs)
 
     def head(self, xs, classes):
         w = self._var("head/kernel", [xs[0].shape[-1], classes],
@@ -277,6 +307,10 @@ class KerasBuilder:
 
     def up(self, x):
         return self.layers.UpSampling2D(2, interpolation="nearest")(x)
+
+    def upconv(self, x, channels, name):
+        return self.layers.Conv2DTranspose(channels, 3, strides=2, padding="same", use_bias=False,
+                                           name=name.replace("/", "_"))(x)
 
     def head(self, x, classes):
         return self.layers.Dense(classes, use_bias=False)(self.layers.GlobalAveragePooling2D()(x))

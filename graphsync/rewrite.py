@@ -15,7 +15,7 @@ from graphsync.splice import inline
 from graphsync.graph import ref_races
 from graphsync.splice import layer as splice
 from graphsync.splice import reduction, ref_reads, segments, shared_averages
-from graphsync.graph import tf_private
+from graphsync.graph import tape, tf_private
 from graphsync.errors import GraphsyncError, GraphsyncWarning
 from graphsync.between_graph.process_group import ProcessGroup
 from graphsync.exchange import make_exchange
@@ -26,6 +26,7 @@ from graphsync.plan.planner import make_plan, recompute_mode
 from graphsync.report import LayerReport, RewriteReport, SkippedReport
 
 _rewritten_graphs = weakref.WeakSet()   # every graph rewrite_towers changed (see was_rewritten)
+tape.record_always()   # a step the script traces itself is paired as under graphsync run (graph/tape.py)
 
 
 def rewrite_towers(graph: tf.Graph | None = None, *, towers=None, device: str | None = None,

@@ -291,3 +291,11 @@ def test_ops_grouped_by_type_follow_the_ops_created_since():
         later = by_type.ops_of_types(graph, ["Identity", "Const"])
     assert early == [x.op] and later == [x.op, y.op, z.op]
     assert later == [op for op in graph.get_operations() if op.type in ("Identity", "Const")]
+
+
+def test_the_default_strategy_is_found_inside_another_strategys_scope():
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    default = tf_private.default_strategy()
+    assert default is tf.distribute.get_strategy() and not tf.distribute.has_strategy()
+    with strategy.scope():
+        assert tf_private.default_strategy() is default and tf.distribute.get_strategy() is strategy

@@ -23,7 +23,9 @@ strategy itself configured.
 What cannot be synchronized is said before the first step, like a graph's refusal: a strategy
 graphsync does not support, a step with one replica, a step it cannot rewrite; and a step whose
 batch norms the model already synchronizes (Keras' `synchronized=True`) is left alone, said.
-Functions that train nothing (evaluation, prediction) have no batch statistics and are left alone.
+Functions that train nothing (evaluation, prediction) have no batch statistics and are left alone;
+nor is a function without a gradient a step: what a strategy traces to save a SavedModel (one
+layer's call, in training mode) finds no replicas and is left alone, not refused.
 """
 from __future__ import annotations
 
@@ -71,7 +73,17 @@ def traced(decisions, graph, strategy) -> None:
         if group is not None:
             options = dict(decisions.options, strategy="allreduce", process_group=group)
     with tf_private.tensors_compared_as_nodes():
-        decisions.decide_function(graph, label, replicated=strategy is not None and trains, options=options)
+        decisions.decide_function(graph, label, replicated=strategy is not None and trains and _steps(graph),
+                                  options=options)
+
+
+def _steps(graph) -> bool:
+    """Whether the function holds a training step: a gradient (a tape's, Keras' step's). What a
+    strategy traces for saving or serving (a SavedModel's layer-call functions, `predict`) holds
+    one copy of the model and no gradient: with no replicas in it, nothing to synchronize and
+    nothing to refuse (it is left alone, said only with --verbose)."""
+    from graphsync.graph.backward import has_backward
+    return has_backward(graph)
 
 
 def _process_group(strategy):

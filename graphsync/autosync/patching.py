@@ -2,7 +2,7 @@
 unchanged script is decided (graphsync/autosync/decide.py) just before it is first used.
 
 `graphsync run train.py` installs an AutoSync before the script starts. Once TensorFlow is
-imported (by the script, whenever it does), four entry points are patched:
+imported (by the script, whenever it does), these entry points are patched:
 
     BaseSession.__init__  every session class (Session, InteractiveSession, the sessions that
                           MonitoredSession, Supervisor and SessionManager create) on its graph
@@ -15,9 +15,13 @@ imported (by the script, whenever it does), four entry points are patched:
     func_graph_from_py_func
                           every tf.function trace in TF2 (graphsync/autosync/functions.py): the
                           traced step, rewritten before TensorFlow makes a function of it
+    Strategy.run          which strategy put replicas into the function being traced: a step
+                          is decided by it, also when the tf.function was defined and called
+                          outside `strategy.scope()` (TensorFlow's multi-worker custom loop)
     imperative_grad, the gradient registry's lookup
                           a GradientTape's backward: which forward op each of its gradient
-                          functions differentiates (graphsync/graph/tape.py)
+                          functions differentiates (graphsync/graph/tape.py; installed once for
+                          the process when graphsync's rewrite is imported)
 
 Each hands the graph to `first_use` (or, before a run, `before_run`). The patch table is
 `AutoSync.patch_points()`: a subclass extends it without touching the rest.
@@ -27,10 +31,12 @@ sys.meta_path that waits for the `tensorflow` package to finish importing.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.abc
 import importlib.util
 import os
 import sys
+import threading
 
 from graphsync.autosync.decide import GraphDecisions, _one_line
 
@@ -86,14 +92,26 @@ class AutoSync(GraphDecisions):
 
         def trace(*args, **kwargs):
             strategy, one_replica = _strategy(), _in_one_replica()
-            graph = original_trace(*args, **kwargs)
+            with _strategies_run() as ran:
+                graph = original_trace(*args, **kwargs)
             if not one_replica and tf.compat.v1.executing_eagerly_outside_functions():
-                traced(graph, strategy or _strategy())
+                traced(graph, strategy or _widest(ran) or _strategy())
             return graph
+
+        run_owner = next(c for c in tf.distribute.Strategy.__mro__ if "run" in c.__dict__)
+        original_run = run_owner.__dict__["run"]
+
+        default = tf_private.default_strategy()   # no replicas of its own: nothing to record
+
+        def run(strategy, *args, **kwargs):
+            if strategy is not default:
+                _record_run(strategy)
+            return original_run(strategy, *args, **kwargs)
 
         from graphsync.graph import tape
         return [(session_class, "__init__", session_init), (tf.Graph, "finalize", finalize),
-                (session_class, extend, extend_graph), (trace_module, trace_name, trace)] + tape.patch_points()
+                (session_class, extend, extend_graph), (trace_module, trace_name, trace),
+                (run_owner, "run", run)] + tape.patch_points()
 
     def traced(self, graph, strategy) -> None:
         """A tf.function trace outside any one replica, finished (graphsync/autosync/functions.py)."""
@@ -159,6 +177,34 @@ def _strategy():
     """The tf.distribute strategy in scope in this thread, or None for the default one."""
     import tensorflow as tf
     return tf.distribute.get_strategy() if tf.distribute.has_strategy() else None
+
+
+_running = threading.local()   # .frames: per trace in progress in this thread, the strategies run in it
+
+
+@contextlib.contextmanager
+def _strategies_run():
+    """The strategies whose `run` put replicas into the function being traced: a step is decided
+    by the strategy that made its replicas, wherever the tf.function was defined and whether or
+    not the trace began inside `strategy.scope()` (TensorFlow's multi-worker custom-loop tutorial
+    defines and calls its step outside the scope; `strategy.run` enters it only inside)."""
+    frames = _running.__dict__.setdefault("frames", [])
+    frames.append([])
+    try:
+        yield frames[-1]
+    finally:
+        frames.pop()
+
+
+def _record_run(strategy) -> None:
+    frames = getattr(_running, "frames", None)
+    if frames:
+        frames[-1].append(strategy)
+
+
+def _widest(strategies: list):
+    """Of the strategies run in a trace, the one spanning the most replicas, or None."""
+    return max(strategies, key=lambda s: s.num_replicas_in_sync, default=None)
 
 
 def _in_one_replica() -> bool:

@@ -8,6 +8,9 @@ The tape does not: it puts them under the *name scope* the forward op was create
 land together. The tape knows which op it differentiates, though: it calls the op's registered
 gradient function with the op's outputs. While `graphsync run` is installed, each call made during
 a tape's backward is recorded: the forward op, the tape call, and the ops the function created.
+The record is installed once per process, when graphsync's rewrite is imported (`record_always`):
+a script that calls rewrite_towers() on a step it traced itself is paired as under `graphsync run`.
+Eager tapes are not recorded (nothing there is rewritten), so an eager loop pays nothing.
 
     recorded(graph)   forward op name → {tape call → ops of its gradient function}, as
                       match.gradient_scopes gives tf.gradients' scopes
@@ -18,9 +21,12 @@ import itertools
 import threading
 import weakref
 
+import tensorflow as tf
+
 from graphsync.graph import tf_private
 
 _recorded = weakref.WeakKeyDictionary()   # graph → {forward op name → {call → [ops]}}
+_installed = []                           # the patches record_always made, once per process
 _calls = itertools.count(1)
 _state = threading.local()                # .call: the tape call running in this thread, if any
 
@@ -30,9 +36,23 @@ def recorded(graph) -> dict:
     return _recorded.get(graph, {})
 
 
+def record_always() -> None:
+    """Records every tape of this process from now on (module docstring); idempotent."""
+    if not _installed:
+        for owner, attribute, replacement in _patch_points():
+            setattr(owner, attribute, replacement)
+            _installed.append((owner, attribute))
+
+
 def patch_points() -> list:
-    """(owner, attribute, replacement) for AutoSync: the tape's backward entry point, and the
-    gradient registry's lookup, whose functions are wrapped to record what they differentiate."""
+    """(owner, attribute, replacement) for AutoSync: none once `record_always` has recorded every
+    tape (a second record would list each gradient op twice)."""
+    return [] if _installed else _patch_points()
+
+
+def _patch_points() -> list:
+    """The tape's backward entry point, and the gradient registry's lookup, whose functions are
+    wrapped to record what they differentiate."""
     module, name = tf_private.tape_gradient_entry_point()
     original_backward = getattr(module, name)
     registry = tf_private.gradient_registry()
@@ -49,7 +69,8 @@ def patch_points() -> list:
 
     def lookup(self, op_type):
         function = original_lookup(self, op_type)
-        if self is not registry or function is None or getattr(_state, "call", None) is None:
+        if self is not registry or function is None or getattr(_state, "call", None) is None \
+                or tf.executing_eagerly():
             return function
         return _recording(function)
 

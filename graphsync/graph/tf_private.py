@@ -463,3 +463,10 @@ def _get_status_response():
         pool.Add(file)
         descriptor = pool.FindMessageTypeByName(name)
     return message_factory.GetMessageClass(descriptor)
+
+
+def default_strategy():
+    """tf.distribute's default strategy (no replicas of its own): the one get_strategy() returns
+    outside every scope, whatever scope this is called in."""
+    from tensorflow.python.distribute import distribute_lib  # pylint: disable=import-outside-toplevel
+    return distribute_lib._get_default_strategy()  # pylint: disable=protected-access

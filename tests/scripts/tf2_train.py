@@ -29,6 +29,9 @@ parser.add_argument("--synchronized", action="store_true", help="Keras' own sync
 parser.add_argument("--autosync", action="store_true", help="the one line: graphsync.autosync() first")
 parser.add_argument("--decoder", action="store_true",
                     help="the second batch norm after a stride-2 transposed convolution (Conv2DBackpropInput)")
+parser.add_argument("--save", metavar="DIR",
+                    help="fit with a ModelCheckpoint to DIR/checkpoint (SavedModel), then model.save(DIR/model) "
+                         "inside the strategy's scope, and the trained model's predictions kept")
 parser.add_argument("--on-batch", action="store_true", help="train_on_batch per batch instead of fit")
 args = parser.parse_args()
 if args.autosync:
@@ -128,8 +131,16 @@ def train(strategy):
     elif args.api != "loop" and args.on_batch:
         for start in range(0, len(x), args.batch):
             model.train_on_batch(x[start:start + args.batch], y[start:start + args.batch])
+    elif args.api != "loop" and args.save and strategy is not tf.distribute.get_strategy():
+        checkpoint = keras.callbacks.ModelCheckpoint(os.path.join(args.save, "checkpoint"))   # SavedModel
+        model.fit(x, y, batch_size=args.batch, epochs=1, verbose=0, shuffle=False, callbacks=[checkpoint])
+        with strategy.scope():
+            model.save(os.path.join(args.save, "model"))
+        np.save(os.path.join(args.save, "predictions.npy"), model.predict(x, batch_size=args.batch, verbose=0))
     elif args.api != "loop":
         model.fit(x, y, batch_size=args.batch, epochs=1, verbose=0, shuffle=False)
+    elif strategy is multiworker_or_none():
+        tutorial_loop(strategy, model, optimizer)
     else:
         dataset = strategy.experimental_distribute_dataset(
             tf.data.Dataset.from_tensor_slices((x, y)).batch(args.batch))
@@ -153,6 +164,33 @@ def train(strategy):
     weights = [np.array(w) for w in model.get_weights()]
     moving = [[replica_values(bn.moving_mean), replica_values(bn.moving_variance)] for bn in batch_norms(model)]
     return weights, moving
+
+
+def tutorial_loop(strategy, model, optimizer):
+    """TensorFlow's tutorial "Custom training loop with Keras and MultiWorkerMirroredStrategy": the
+    dataset from distribute_datasets_from_function (each worker its shard), the step a tf.function
+    defined outside the strategy's scope that takes the iterator, strategy.run inside it."""
+    def dataset_fn(context):
+        return tf.data.Dataset.from_tensor_slices((x, y)).shard(
+            context.num_input_pipelines, context.input_pipeline_id).batch(context.get_per_replica_batch_size(args.batch))
+
+    iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
+
+    @tf.function
+    def train_step(iterator):
+        def step_fn(inputs):
+            xb, yb = inputs
+            with tf.GradientTape() as tape:
+                out = model(xb, training=True)
+                per_example = tf.reduce_mean(tf.square(out - yb), axis=1)
+                loss = tf.nn.compute_average_loss(per_example, global_batch_size=args.batch)
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            return loss
+        return strategy.run(step_fn, args=(next(iterator),))
+
+    for _ in range(len(x) // args.batch):
+        train_step(iterator)
 
 
 if args.multiworker:

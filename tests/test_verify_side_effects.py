@@ -267,6 +267,13 @@ def test_every_op_that_looks_outside_is_in_the_table_or_reviewed():
     assert not unreviewed, unreviewed
 
 
+# ops the table names that TensorFlow registers only from a version above the declared minimum
+# (setup.cfg: tensorflow>=2.16): seen missing in 2.16.1, registered in 2.18.1
+_REGISTERED_FROM = {"CalibrationStatisticsSaver": (2, 18)}
+
+
 def test_the_table_names_registered_ops():
     unregistered = {name for name in side_effects.CATEGORY if op_def_registry.get(name) is None}
-    assert unregistered == {"Rpc", "TryRpc"}   # tf.contrib's, for graphs whose process loads them
+    version = tuple(int(p) for p in tf.__version__.split(".")[:2])
+    newer = {name for name, since in _REGISTERED_FROM.items() if version < since}
+    assert unregistered - newer == {"Rpc", "TryRpc"}   # tf.contrib's, for graphs whose process loads them

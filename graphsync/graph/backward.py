@@ -106,14 +106,21 @@ class _Backward:
         self.seeds = _seeds(ops)
         self.ops = _descendants(self.seeds)
         if self.ops:
-            self._add_read_only_by_backward(ops)
-            self.ops |= _popped_stacks(ops)
-            self._add_read_only_by_backward(ops)
+            self._add_read_only_by_backward(self.ops)
+            stacks = _popped_stacks(ops) - self.ops
+            if stacks:
+                self.ops |= stacks
+                self._add_read_only_by_backward(stacks)
 
-    def _add_read_only_by_backward(self, ops) -> None:
-        for op in reversed(ops):   # what a gradient function computes off the forward
+    def _add_read_only_by_backward(self, added) -> None:
+        """What a gradient function computes off the forward: ops only the backward reads, found
+        from the inputs of the backward ops `added` (a fixpoint: such an op's inputs are next)."""
+        stack = [t.op for op in added for t in op.inputs if t.op not in self.ops]
+        while stack:
+            op = stack.pop()
             if op not in self.ops and _read_only_by(op, self.ops):
                 self.ops.add(op)
+                stack.extend(t.op for t in op.inputs if t.op not in self.ops)
 
     def extend(self, graph: tf.Graph) -> "_Backward":
         """The state with the ops added since: judged by their inputs, or all found anew when one of
@@ -129,8 +136,16 @@ class _Backward:
 
 def _seeds(ops) -> list:
     """The tensors of ones gradients start from (module docstring)."""
-    candidates = [op for op in ops if op.type in _FILLS and _is_ones(op)]
-    kernels = [op for op in ops if is_kernel_type(op.type)]
+    candidates, kernels, marks = [], [], []
+    for op in ops:   # one pass: an op's type is a call into TensorFlow
+        kind = op.type
+        if kind in _FILLS:
+            candidates.append(op)
+        elif kind == "Mean" or kind in _FUSED:
+            marks.append(op)
+        elif is_kernel_type(kind):
+            kernels.append(op)
+    candidates = [op for op in candidates if _is_ones(op)]
     if kernels:   # a tape's constant seed reaches a gradient kernel's type: without one, no constant is a seed
         reaching_kernels = _ancestors(kernels)
         candidates += [op for op in ops if op.type == "Const" and op in reaching_kernels and _is_ones(op)]
@@ -138,7 +153,7 @@ def _seeds(ops) -> list:
         return []
     forward_reads = [t.op for k in kernels if k.type in _GRADIENT_INPUTS
                      for i, t in enumerate(k.inputs) if i not in _GRADIENT_INPUTS[k.type]]
-    forward = _ancestors([op for op in ops if _forward_mark(op)] + forward_reads)
+    forward = _ancestors([op for op in marks if _forward_mark(op)] + forward_reads)
     return [op for op in candidates if op not in forward]
 
 

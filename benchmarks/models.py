@@ -44,44 +44,39 @@ def resnet(b, x):
     return b.head(h, 10)
 
 
-def segnet(b, x):
-    def double(h, channels, name):
-        h = b.relu(b.bn(b.conv(h, channels, 3, 1, name + "/conv1"), name + "/bn1"))
-        return b.relu(b.bn(b.conv(h, channels, 3, 1, name + "/conv2"), name + "/bn2"))
+def _double(b, h, channels, name):
+    """Two 3×3 convolutions, each with its batch norm and ReLU: a U-Net's block."""
+    h = b.relu(b.bn(b.conv(h, channels, 3, 1, name + "/conv1"), name + "/bn1"))
+    return b.relu(b.bn(b.conv(h, channels, 3, 1, name + "/conv2"), name + "/bn2"))
 
-    e1 = double(x, 16, "enc1")                                                   # 32×32
-    e2 = double(b.relu(b.bn(b.conv(e1, 32, 3, 2, "down1"), "down1_bn")), 32, "enc2")  # 16×16
+
+def segnet(b, x):
+    e1 = _double(b, x, 16, "enc1")                                               # 32×32
+    e2 = _double(b, b.relu(b.bn(b.conv(e1, 32, 3, 2, "down1"), "down1_bn")), 32, "enc2")  # 16×16
     e3 = b.relu(b.bn(b.conv(e2, 64, 3, 2, "down2"), "down2_bn"))                 # 8×8
-    d2 = double(b.cat(b.up(e3), e2), 32, "dec2")                                 # 16×16
+    d2 = _double(b, b.cat(b.up(e3), e2), 32, "dec2")                             # 16×16
     d1 = b.relu(b.bn(b.conv(b.cat(b.up(d2), e1), 16, 3, 1, "dec1"), "dec1_bn"))  # 32×32
     return b.conv(d1, 5, 1, 1, "classifier")
 
 
-def unet64(b, x):
-    def double(h, channels, name):
-        h = b.relu(b.bn(b.conv(h, channels, 3, 1, name + "/conv1"), name + "/bn1"))
-        return b.relu(b.bn(b.conv(h, channels, 3, 1, name + "/conv2"), name + "/bn2"))
-
-    e1 = double(x, 32, "enc1")                                                   # 64×64
-    e2 = double(b.relu(b.bn(b.conv(e1, 64, 3, 2, "down1"), "down1_bn")), 64, "enc2")  # 32×32
+def _unet64(b, x, up):
+    """The 64×64 U-Net, its decoder upsampling by `up(h, channels, name)`."""
+    e1 = _double(b, x, 32, "enc1")                                               # 64×64
+    e2 = _double(b, b.relu(b.bn(b.conv(e1, 64, 3, 2, "down1"), "down1_bn")), 64, "enc2")  # 32×32
     e3 = b.relu(b.bn(b.conv(e2, 128, 3, 2, "down2"), "down2_bn"))               # 16×16
-    d2 = double(b.cat(b.up(e3), e2), 64, "dec2")                                 # 32×32
-    d1 = double(b.cat(b.up(d2), e1), 32, "dec1")                                 # 64×64
+    d2 = _double(b, b.cat(up(e3, 128, "up2"), e2), 64, "dec2")                   # 32×32
+    d1 = _double(b, b.cat(up(d2, 64, "up1"), e1), 32, "dec1")                    # 64×64
     return b.conv(d1, 5, 1, 1, "classifier")
+
+
+def unet64(b, x):
+    """The U-Net upsampling by resizing."""
+    return _unet64(b, x, lambda h, channels, name: b.up(h))
 
 
 def unet64t(b, x):
     """unet64, its decoder upsampling by transposed convolution (the channels of the resized tensor)."""
-    def double(h, channels, name):
-        h = b.relu(b.bn(b.conv(h, channels, 3, 1, name + "/conv1"), name + "/bn1"))
-        return b.relu(b.bn(b.conv(h, channels, 3, 1, name + "/conv2"), name + "/bn2"))
-
-    e1 = double(x, 32, "enc1")                                                   # 64×64
-    e2 = double(b.relu(b.bn(b.conv(e1, 64, 3, 2, "down1"), "down1_bn")), 64, "enc2")  # 32×32
-    e3 = b.relu(b.bn(b.conv(e2, 128, 3, 2, "down2"), "down2_bn"))               # 16×16
-    d2 = double(b.cat(b.upconv(e3, 128, "up2"), e2), 64, "dec2")                 # 32×32
-    d1 = double(b.cat(b.upconv(d2, 64, "up1"), e1), 32, "dec1")                  # 64×64
-    return b.conv(d1, 5, 1, 1, "classifier")
+    return _unet64(b, x, b.upconv)
 
 
 def deeplab(b, x):

@@ -104,39 +104,39 @@ def test_each_worker_says_which_process_it_is(two_workers):
     assert not any("graphsync" in err for _, _, err, _, _ in plain)
 
 
+def _synchronized_and_plain(tmp_path, flag: str, **model) -> tuple:
+    """Two unchanged worker scripts [3, 5] with `flag`, under graphsync run and under plain python:
+    (graphsync's first worker's lines, errors against one device synchronized, plain)."""
+    args = ["--sizes", "3,5", flag]
+    (tmp_path / "synced").mkdir(), (tmp_path / "plain").mkdir()
+    synced = run_workers(tmp_path / "synced", 2, args=args)
+    errors = errors_against_one_device(synced, [3, 5], **model)
+    plain = errors_against_one_device(run_workers(tmp_path / "plain", 2, runner=[sys.executable], args=args + ["--alone"]),
+                                      [3, 5], **model)
+    print(f"2 workers [3, 5], {flag}, synchronized:", errors, "plain python:", plain)
+    assert plain["output"] > 1e-2 and plain["grads"] > 1e-2, plain
+    return synced[0][2], errors
+
+
 @tiers.full
 def test_a_batch_norm_written_by_hand_under_graphsync_run(tmp_path):
     """The rule's reductions (a mean and tf.math.reduce_variance written by hand) summed across two
     unchanged worker scripts under `graphsync run`, beside a fused batch norm."""
-    args = ["--sizes", "3,5", "--handwritten"]
-    (tmp_path / "synced").mkdir(), (tmp_path / "plain").mkdir()
-    synced = run_workers(tmp_path / "synced", 2, args=args)
+    said, errors = _synchronized_and_plain(tmp_path, "--handwritten", handwritten=True)
     # the hand-written batch norm's three reductions count as one layer (graphsync/plan/normalizations.py)
     assert "graphsync: 2 layers × 1 tower synchronized by all-reduce on the towers' devices across 2 worker " \
-           "processes (fused, reduction; gradients rewritten)" in synced[0][2], synced[0][2]
-    errors = errors_against_one_device(synced, [3, 5], handwritten=True)
-    plain = errors_against_one_device(run_workers(tmp_path / "plain", 2, runner=[sys.executable], args=args + ["--alone"]),
-                                      [3, 5], handwritten=True)
-    print("2 workers [3, 5], a batch norm by hand, synchronized:", errors, "plain python:", plain)
+           "processes (fused, reduction; gradients rewritten)" in said, said
     assert max(errors.values()) < TOLERANCE, errors
-    assert plain["output"] > 1e-2 and plain["grads"] > 1e-2, plain
 
 
 @tiers.full
 def test_a_decoder_under_graphsync_run(tmp_path):
     """The second batch norm after a stride-2 transposed convolution (a Conv2DBackpropInput in the
     forward: issue 52), across two unchanged worker scripts."""
-    args = ["--sizes", "3,5", "--decoder"]
-    (tmp_path / "synced").mkdir(), (tmp_path / "plain").mkdir()
-    synced = run_workers(tmp_path / "synced", 2, args=args)
+    said, errors = _synchronized_and_plain(tmp_path, "--decoder", decoder=True)
     assert "graphsync: 2 layers × 1 tower synchronized by all-reduce on the towers' devices across 2 worker " \
-           "processes" in synced[0][2], synced[0][2]
-    errors = errors_against_one_device(synced, [3, 5], decoder=True)
-    plain = errors_against_one_device(run_workers(tmp_path / "plain", 2, runner=[sys.executable], args=args + ["--alone"]),
-                                      [3, 5], decoder=True)
-    print("2 workers [3, 5], a decoder, synchronized:", errors, "plain python:", plain)
+           "processes" in said, said
     assert max(errors.values()) < TOLERANCE, errors
-    assert plain["output"] > 1e-2 and plain["grads"] > 1e-2, plain
 
 
 @tiers.full

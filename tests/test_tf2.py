@@ -93,8 +93,7 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("name", tiers.cases(CASES, list(CASES), fast=["fit-2", "loop-4-uneven", "keras3-2",
-                                                                        "fit-2-decoder"]))
+@pytest.mark.parametrize("name", tiers.cases(CASES, list(CASES), fast=["fit-2", "loop-4-uneven", "keras3-2"]))
 def test_a_traced_step_equals_one_device_and_plain_python_does_not(tmp_path, name):
     runs = _train(tmp_path, CASES[name])
     for run, (result, arrays) in runs.items():
@@ -186,7 +185,7 @@ def test_one_replica_is_said(tmp_path):
 
 @pytest.mark.parametrize("api,workers", tiers.cases([("fit", 2), ("loop", 2), ("loop", 3)],
                                                    ["fit-2", "tutorial-loop-2", "tutorial-loop-3"],
-                                                   fast={"fit-2", "tutorial-loop-2"}))
+                                                   fast={"tutorial-loop-2"}))
 def test_multi_worker_processes_equal_one_device_and_plain_python_does_not(tmp_path, api, workers):
     """MultiWorkerMirroredStrategy, worker processes on loopback (TF_CONFIG), one replica each:
     tf_keras model.fit, and TensorFlow's own multi-worker custom loop (its step a tf.function

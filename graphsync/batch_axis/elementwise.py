@@ -14,7 +14,9 @@ LogicalAnd LogicalNot LogicalOr Maximum Minimum Mod Mul MulNoNan Neg NotEqual On
 PreventGradient RealDiv Reciprocal Relu Relu6 Rint Round Rsqrt Select SelectV2 Selu Sigmoid Sign Sin
 Sinh Snapshot Softplus Softsign Sqrt Square SquaredDifference StopGradient Sub Tan Tanh TruncateDiv
 Xdivy Xlogy ZerosLike BitwiseAnd BitwiseOr BitwiseXor Angle Real Imag Conj Complex
-""".split())
+ReluGrad Relu6Grad LeakyReluGrad EluGrad SeluGrad TanhGrad SigmoidGrad SoftplusGrad SoftsignGrad
+RsqrtGrad SqrtGrad ReciprocalGrad InvGrad
+""".split())   # the activations' gradient kernels are elementwise too, and a forward may use them
 
 
 @register("elementwise", *ELEMENTWISE)

@@ -12,7 +12,7 @@ PER_EXAMPLE = frozenset("""
 Conv2D Conv3D DepthwiseConv2dNative MaxPool MaxPoolV2 AvgPool AvgPool3D MaxPool3D LRN Dilation2D
 ResizeBilinear ResizeNearestNeighbor ResizeBicubic ResizeArea SpaceToDepth DepthToSpace ExtractImagePatches
 Conv2DBackpropInput Conv3DBackpropInput Conv3DBackpropInputV2 DepthwiseConv2dNativeBackpropInput
-MaxPoolWithArgmax FusedResizeAndPadConv2D FusedPadConv2D
+MaxPoolWithArgmax FusedResizeAndPadConv2D FusedPadConv2D AvgPoolGrad AvgPool3DGrad
 """.split())
 # transposed convolutions: the examples are the gradient they are written as (input 2)
 _TRANSPOSED = ("Conv2DBackpropInput", "Conv3DBackpropInput", "DepthwiseConv2dNativeBackpropInput")
@@ -30,7 +30,8 @@ def per_example_outputs(op, ins, data):
 
 @register("per example", *PER_EXAMPLE)
 def _per_example(op, ins, context):
-    data = 2 if op.type.startswith(_TRANSPOSED) else 0
+    data = 2 if op.type.startswith(_TRANSPOSED) else 1 if op.type.startswith("AvgPool") and op.type.endswith("Grad") \
+        else 0   # average pooling's adjoint (an upsampler or a blur): the examples are its input 1
     return per_example_outputs(op, ins, data), None
 
 

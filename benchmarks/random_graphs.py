@@ -4,10 +4,13 @@ once against one device on the concatenated batch. Each seed ends one of four wa
 device, refused in one line, different from one device, or crashed (anything but GraphsyncError).
 The last two are bugs: each seed found becomes a named case in tests/test_random_graphs.py.
 
-    python benchmarks/random_graphs.py --seeds 2000 --jobs 2      # ~2 s per seed per job (33 min)
+    python benchmarks/random_graphs.py --seeds 600 --jobs 2       # ~2.9 s per seed on 2 jobs (29 min)
     python benchmarks/random_graphs.py --first 500 --seeds 100    # another range
+    benchmarks/snapshot.sh HEAD /tmp/gs && GRAPHSYNC_SRC=/tmp/gs python benchmarks/random_graphs.py --seeds 600
+                                                                  # a recorded run: one commit's graphsync
 
-Prints every refusal, difference and crash with its seed, then the counts (Markdown).
+Prints every refusal, difference and crash with its seed, then the counts and the refusals by
+cause (Markdown).
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import collections
 import concurrent.futures
 import multiprocessing
 import os
+import re
 import sys
 import time
 
@@ -60,7 +64,24 @@ def main() -> int:
     print("|---|---|---|---|---|---|")
     print(f"| {seeds.start}–{seeds.stop - 1} | {counts['equal']} | {counts['refused']} | {counts['different']} | "
           f"{counts['crashed']} | {wall:.0f} s ({args.jobs} jobs) |")
+    causes = collections.defaultdict(list)
+    for seed, kind, text in findings:
+        if kind == "refused":
+            causes[_cause(text.split("\n  refused: ", 1)[-1])].append(seed)
+    if causes:
+        print("\n| refused because | seeds | which |\n|---|---|---|")
+        for cause, found in sorted(causes.items(), key=lambda item: (-len(item[1]), item[0])):
+            print(f"| {cause} | {len(found)} | {', '.join(map(str, sorted(found)))} |")
     return 1 if counts["different"] or counts["crashed"] else 0
+
+
+def _cause(refusal: str) -> str:
+    """What a refusal says, without the op and tower it names: the op type the batch-axis table has
+    no rule for, or the message past its first op's name."""
+    missing = re.search(r"no rule for op type (\w+)", refusal)
+    if missing:
+        return f"no batch-axis rule for op type `{missing.group(1)}`"
+    return re.sub(r"tower_\d+/\S+", "…", refusal.split(" (and ", 1)[0])[:160]
 
 
 if __name__ == "__main__":

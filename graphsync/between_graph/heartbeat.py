@@ -69,8 +69,10 @@ class PeerWatch:
         self._stop.set()
 
     def settle(self, since: float) -> LostWorker | None:
-        """After a failed step: waits until every peer has answered after `since` (None: they are
-        all there, the failure was something else) or one is lost (it), about `interval` at most."""
+        """After a failed step: waits until every peer has answered a question asked after `since`,
+        the moment the step failed (None: they are all there, the failure was something else), or
+        one is lost (it), about `interval` at most. An answer from before the failure proves
+        nothing: a worker that exits right after its last step answers into the next one."""
         deadline = time.monotonic() + self.interval + 2 * self.poll + 1.0
         while time.monotonic() < deadline and self._thread.is_alive():
             if self.lost is not None:
@@ -95,7 +97,8 @@ class PeerWatch:
 
     def _check(self, peer) -> LostWorker | None:
         address = self.task.address(*peer)
-        left = self.interval - (time.monotonic() - self._answered[peer])
+        asked = time.monotonic()
+        left = self.interval - (asked - self._answered[peer])
         incarnations = tf_private.worker_incarnations(address, max(left, 0.05), self._channels)
         if incarnations is None:
             silent = time.monotonic() - self._answered[peer]
@@ -105,5 +108,5 @@ class PeerWatch:
             return None
         if self._incarnations.setdefault(peer, incarnations) != incarnations:
             return LostWorker(*peer, address, "it was restarted (its server is a new one)")
-        self._answered[peer] = time.monotonic()
+        self._answered[peer] = asked   # alive when asked, at least: an answer may outlast its server
         return None

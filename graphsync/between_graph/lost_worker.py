@@ -91,11 +91,10 @@ class LostWorkerGuard:
             if self.watch.lost is not None:
                 self._stopped_by(self.watch.lost, f"before synchronized step {number}")
                 self._refuse()
-            started = time.monotonic()
             try:
                 return run()
             except tf.errors.OpError:
-                lost = self.watch.settle(since=started)
+                lost = self.watch.settle(since=time.monotonic())
                 if lost is None:
                     raise
                 self._stopped_by(lost, f"during synchronized step {number}")

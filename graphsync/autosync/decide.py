@@ -52,6 +52,7 @@ class GraphDecisions:
         self._lock = threading.RLock()
         self._copies = SessionCopies()
         self._said_traces: set = set()   # (function, summary) said once (autosync/functions.py)
+        self.told = 0   # lines meant for every user so far (said unless quiet): a decision the user hears of
 
     # -- the per-graph decision ------------------------------------------------------------
 
@@ -202,6 +203,10 @@ class GraphDecisions:
     def say(self, line: str) -> None:
         self._say(line)
 
+    def synchronized(self, graph) -> bool:
+        """Whether `graph` was rewritten here."""
+        return graph in self._synchronized
+
     def rewritten(self, graph, report, label: str = "") -> None:
         self.reports.append(report)
         prefix = f"{label}: " if label.startswith("tf.function") else ""
@@ -226,6 +231,7 @@ class GraphDecisions:
         raise SystemExit(1)
 
     def _say(self, line: str, verbose_only: bool = False, error: bool = False) -> None:
+        self.told += not verbose_only
         if (self.quiet and not error) or (verbose_only and not self.verbose):
             return
         stream = self.stream or sys.stderr

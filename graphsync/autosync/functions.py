@@ -44,19 +44,47 @@ MULTI_WORKER = ("MultiWorkerMirroredStrategy", "CollectiveAllReduceStrategy")
 
 def traced(decisions, graph, strategy) -> None:
     """Decides one FuncGraph just traced outside any one replica (`strategy`: the tf.distribute
-    strategy in scope when the trace began or ended, None for the default)."""
+    strategy in scope when the trace began or ended, or whose `run` made its replicas; None for
+    the default), then guards the decision: a training step whose batch norms run in several
+    replicas is rewritten or said, whichever way the decision went."""
     from graphsync import match
     from graphsync.graph import tf_private
     starts = match.starting_types()
     if starts is not None and not any(op.type in starts for op in graph.get_operations()):
         return   # no op a batch norm could start from: nothing to say
     label = f"tf.function {graph.name}"
-    kind = type(strategy).__name__ if strategy is not None else None
     with tf_private.tensors_compared_as_nodes():
         trains = _trains_batch_norm(graph)
+    told = decisions.told
+    _decide(decisions, graph, strategy, label, trains)
+    if trains and decisions.told == told and not decisions.synchronized(graph):
+        _guard(decisions, graph, strategy, label)
+
+
+def _guard(decisions, graph, strategy, label: str) -> None:
+    """The line below the decision: a training step (a gradient in it) whose batch statistics run
+    in more than one replica, here or on other workers, that was neither rewritten nor said."""
+    devices = _devices_normalizing(graph)
+    replicas = strategy.num_replicas_in_sync if strategy is not None and devices else devices
+    message = (f"{label} trains batch norms in {replicas} replicas that graphsync leaves unsynchronized: each "
+               "replica would normalize with its own examples")
+    if replicas > 1 and _steps(graph):
+        _failed_once(decisions, graph, message)
+
+
+def _failed_once(decisions, graph, message: str) -> None:
+    """A refusal of a traced step, said once for all its traces (--on-error warn runs on)."""
+    if message not in decisions._said_traces:
+        decisions._said_traces.add(message)
+        decisions.failed(graph, message)
+
+
+def _decide(decisions, graph, strategy, label: str, trains: bool) -> None:
+    from graphsync.graph import tf_private
+    kind = type(strategy).__name__ if strategy is not None else None
     if kind in UNSUPPORTED and trains:
-        decisions.failed(graph, f"{label} runs under {kind} ({UNSUPPORTED[kind]}): its batch norms would "
-                                "use each replica's statistics; graphsync synchronizes MirroredStrategy steps")
+        _failed_once(decisions, graph, f"{label} runs under {kind} ({UNSUPPORTED[kind]}): its batch norms would "
+                                       "use each replica's statistics; graphsync synchronizes MirroredStrategy steps")
         return
     if strategy is not None and strategy.num_replicas_in_sync == 1 and trains:
         decisions.say(f"{label}: one replica under {kind}: its batch norms already see the whole batch")
@@ -97,6 +125,18 @@ def _process_group(strategy):
         return None
     rank = 0 if resolver.task_type == "chief" else chiefs + int(resolver.task_id)
     return ProcessGroup(chiefs + workers, rank)
+
+
+def _devices_normalizing(graph) -> int:
+    """On how many devices the function computes batch statistics that nothing has synchronized
+    yet (0: none)."""
+    from graphsync import match
+    from graphsync.graph import tf_private
+    try:
+        with tf_private.tensors_compared_as_nodes():
+            return len({c.op.device for c in match.candidates(graph) if not c.skip_reason})
+    except Exception:  # noqa: BLE001 - as _trains_batch_norm
+        return 0
 
 
 def _trains_batch_norm(graph) -> bool:

@@ -19,6 +19,11 @@ parser.add_argument("--api", choices=["fit", "loop", "keras3"], default="fit")
 parser.add_argument("--devices", type=int, default=2, help="MirroredStrategy's; 0: none (the reference only)")
 parser.add_argument("--multiworker", action="store_true",
                     help="MultiWorkerMirroredStrategy over TF_CONFIG's workers instead (one replica each)")
+parser.add_argument("--local", type=int, default=1,
+                    help="under --multiworker: replicas per worker (logical CPUs, as if each machine had N GPUs)")
+parser.add_argument("--dataset", choices=["function", "experimental"], default="function",
+                    help="the multi-worker loop's dataset: distribute_datasets_from_function (each worker its "
+                         "shard) or experimental_distribute_dataset (each global batch split)")
 parser.add_argument("--batch", type=int, default=8, help="global batch")
 parser.add_argument("--examples", type=int, default=24, help="a partial last batch when not a multiple of --batch")
 parser.add_argument("--flag", choices=["python", "tensor"], default="python", help="the loop's training flag")
@@ -32,6 +37,10 @@ parser.add_argument("--decoder", action="store_true",
 parser.add_argument("--save", metavar="DIR",
                     help="fit with a ModelCheckpoint to DIR/checkpoint (SavedModel), then model.save(DIR/model) "
                          "inside the strategy's scope, and the trained model's predictions kept")
+parser.add_argument("--central", action="store_true",
+                    help="CentralStorageStrategy (variables on the CPU, compute on --devices) instead of Mirrored")
+parser.add_argument("--evaluate", action="store_true",
+                    help="model.evaluate on every example after training, under the strategy: its loss kept")
 parser.add_argument("--on-batch", action="store_true", help="train_on_batch per batch instead of fit")
 args = parser.parse_args()
 if args.autosync:
@@ -49,6 +58,12 @@ else:
     import tf_keras as keras
 
 if args.multiworker:
+    if args.local > 1:   # TensorFlow gives a CPU-only worker one replica: these tests' workers have N "GPUs"
+        from tensorflow.python.distribute import collective_all_reduce_strategy
+        tf.config.set_logical_device_configuration(tf.config.list_physical_devices("CPU")[0],
+                                                   [tf.config.LogicalDeviceConfiguration()] * args.local)
+        collective_all_reduce_strategy.CollectiveAllReduceExtended._initialize_local_devices = (
+            lambda self, resolver, worker: (tuple(f"{worker}/device:CPU:{i}" for i in range(args.local)), "CPU"))
     multiworker = tf.distribute.MultiWorkerMirroredStrategy()   # before anything touches the runtime
 else:
     cpus = tf.config.list_physical_devices("CPU")
@@ -132,8 +147,9 @@ def train(strategy):
         for start in range(0, len(x), args.batch):
             model.train_on_batch(x[start:start + args.batch], y[start:start + args.batch])
     elif args.api != "loop" and args.save and strategy is not tf.distribute.get_strategy():
-        checkpoint = keras.callbacks.ModelCheckpoint(os.path.join(args.save, "checkpoint"))   # SavedModel
-        model.fit(x, y, batch_size=args.batch, epochs=1, verbose=0, shuffle=False, callbacks=[checkpoint])
+        checkpoints = [keras.callbacks.ModelCheckpoint(os.path.join(args.save, "checkpoint")),   # SavedModel
+                       keras.callbacks.ModelCheckpoint(os.path.join(args.save, "checkpoint.h5"))]
+        model.fit(x, y, batch_size=args.batch, epochs=1, verbose=0, shuffle=False, callbacks=checkpoints)
         with strategy.scope():
             model.save(os.path.join(args.save, "model"))
         np.save(os.path.join(args.save, "predictions.npy"), model.predict(x, batch_size=args.batch, verbose=0))
@@ -163,18 +179,31 @@ def train(strategy):
             train_step(xb, yb)
     weights = [np.array(w) for w in model.get_weights()]
     moving = [[replica_values(bn.moving_mean), replica_values(bn.moving_variance)] for bn in batch_norms(model)]
+    if args.evaluate:
+        evaluations.append(model.evaluate(x, y, batch_size=args.batch, verbose=0))
     return weights, moving
+
+
+evaluations = []   # --evaluate: the loss model.evaluate gives after each training (strategy, reference)
 
 
 def tutorial_loop(strategy, model, optimizer):
     """TensorFlow's tutorial "Custom training loop with Keras and MultiWorkerMirroredStrategy": the
-    dataset from distribute_datasets_from_function (each worker its shard), the step a tf.function
-    defined outside the strategy's scope that takes the iterator, strategy.run inside it."""
+    dataset from distribute_datasets_from_function (each worker its shard; or --dataset experimental:
+    each global batch split among the replicas), the step a tf.function defined outside the
+    strategy's scope that takes the iterator, strategy.run inside it. Every step's examples, over
+    all replicas, are the reference's batch (in another order); the last may be partial."""
     def dataset_fn(context):
         return tf.data.Dataset.from_tensor_slices((x, y)).shard(
             context.num_input_pipelines, context.input_pipeline_id).batch(context.get_per_replica_batch_size(args.batch))
 
-    iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
+    if args.dataset == "function":
+        iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
+    else:
+        options = tf.data.Options()
+        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+        iterator = iter(strategy.experimental_distribute_dataset(
+            tf.data.Dataset.from_tensor_slices((x, y)).batch(args.batch).with_options(options)))
 
     @tf.function
     def train_step(iterator):
@@ -189,7 +218,7 @@ def tutorial_loop(strategy, model, optimizer):
             return loss
         return strategy.run(step_fn, args=(next(iterator),))
 
-    for _ in range(len(x) // args.batch):
+    for _ in range(-(-len(x) // args.batch)):
         train_step(iterator)
 
 
@@ -197,7 +226,8 @@ if args.multiworker:
     distributed = train(multiworker)
 elif args.devices >= 1:
     devices = [f"/cpu:{i}" for i in range(args.devices)]
-    distributed = train(tf.distribute.MirroredStrategy(devices))
+    distributed = train(tf.distribute.experimental.CentralStorageStrategy(devices, parameter_device="/cpu:0")
+                        if args.central else tf.distribute.MirroredStrategy(devices))
 else:
     distributed = None
 with tf.device("/cpu:0"):
@@ -214,5 +244,7 @@ for tag, run in (("strategy", distributed), ("reference", reference)):
         for r, (m, v) in enumerate(zip(means, variances)):
             result[f"{tag}/bn_{i}/replica_{r}/mean"] = m
             result[f"{tag}/bn_{i}/replica_{r}/variance"] = v
+for tag, loss in zip(("strategy", "reference"), evaluations):
+    result[f"evaluation/{tag}"] = np.float64(loss)
 np.savez(args.out, **result)
 print(f"trained {len(reference[0])} weights, {len(reference[1])} batch norms", file=sys.stderr)

@@ -151,9 +151,9 @@ def test_parameter_server_modes_equal_one_device(tmp_path, mode):
 @tiers.full
 def test_repeated_parameter_server_runs_never_abort(tmp_path):
     """With collectives the ps aborted a step at a moment that depends on timing: 1 ps + 3 workers,
-    run again (GRAPHSYNC_PS_REPEATS=10 for the issue's ten runs)."""
+    run once, or again (GRAPHSYNC_PS_REPEATS=10 for the issue's ten runs)."""
     sizes = [3, 5, 2]
-    for run in range(int(os.environ.get("GRAPHSYNC_PS_REPEATS", "2"))):
+    for run in range(int(os.environ.get("GRAPHSYNC_PS_REPEATS", "1"))):
         errors = assert_synchronized(run_job(tmp_path / f"run{run}", "parameter_server", GRAPHSYNC_RUN, sizes=sizes),
                                      sizes=sizes)
         print(f"run {run + 1}, 3 workers {sizes}:", errors)

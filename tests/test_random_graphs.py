@@ -14,7 +14,7 @@ import random_towers as rt
 
 pytestmark = pytest.mark.full
 
-SEEDS = range(24)
+SEEDS = range(16)
 
 
 def _check(seed):

@@ -275,7 +275,6 @@ MULTI_WORKER = {
     "tutorial-loop-2x2-uneven": ("loop", 2, 2, "function", -3),
     "tutorial-loop-3x2-uneven": ("loop", 3, 2, "function", -2),
     "experimental-loop-2x2-uneven": ("loop", 2, 2, "experimental", -3),
-    "experimental-loop-3-uneven": ("loop", 3, 1, "experimental", -3),
 }
 
 

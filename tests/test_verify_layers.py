@@ -28,7 +28,7 @@ import models
 import tiers
 import towerlib as tl
 from graphsync.verification import data, verdict
-from graphsync.verification.findings import Figures, LayerFigures
+from graphsync.verification.findings import Figures, LayerFigures, Outcome
 
 tf1 = tf.compat.v1
 tf1.disable_eager_execution()
@@ -118,13 +118,13 @@ def test_remedies_are_ones_the_graph_accepts(fixed):
     """Inconclusive only when the layer's own rounding hides the change; --batch-size is offered
     only where the graph does not fix the examples per tower."""
     batch = dataclasses.replace(_batch(), fixed=fixed)
-    passed, reason = verdict.verdict(_figures(0.3, 0.05, 0.4, 0.2), batch, 1e-3, fixed_batch=fixed)
-    assert not passed and reason.startswith("inconclusive: layer `bn`")
+    outcome, reason = verdict.verdict(_figures(0.3, 0.05, 0.4, 0.2), batch, 1e-3, fixed_batch=fixed)
+    assert outcome is Outcome.INCONCLUSIVE and reason.startswith("inconclusive: layer `bn`")
     assert ("--batch-size" in reason) is not fixed
     # the layer holds: an end-to-end change within what reordering changes passes, one beyond it fails
-    assert verdict.verdict(_figures(1e-7, 1e-7, 0.36, 0.18), batch, 1e-3, fixed_batch=fixed)[0]
-    passed, reason = verdict.verdict(_figures(1e-7, 1e-7, 0.36, 1e-7), batch, 1e-3, fixed_batch=fixed)
-    assert not passed and "every one of its 1 layers holds" in reason
+    assert verdict.verdict(_figures(1e-7, 1e-7, 0.36, 0.18), batch, 1e-3, fixed_batch=fixed)[0] is Outcome.PASS
+    outcome, reason = verdict.verdict(_figures(1e-7, 1e-7, 0.36, 1e-7), batch, 1e-3, fixed_batch=fixed)
+    assert outcome is Outcome.FAIL and "every one of its 1 layers holds" in reason
 
 
 def _batch():

@@ -18,15 +18,15 @@ data.draw (the examples and their exchange) → run.Runner → verdict (changes,
 findings.VerifyReport.
 
     report = graphsync.verify("train_sync.meta", original="train.meta")
-    print(report)            # the figures for both graphs; report.passed, report.reason
+    print(report)            # the figures for both graphs; report.passed, report.outcome, report.reason
 """
 from __future__ import annotations
 
 from graphsync.verification import data, discovery, run, side_effects, sources, verdict
-from graphsync.verification.findings import Figures, VerifyReport
+from graphsync.verification.findings import Figures, Outcome, VerifyReport
 from graphsync.verification.verdict import DEFAULT_TOLERANCE
 
-__all__ = ["verify", "VerifyReport", "Figures", "DEFAULT_TOLERANCE"]
+__all__ = ["verify", "VerifyReport", "Outcome", "Figures", "DEFAULT_TOLERANCE"]
 
 
 def verify(graph, *, original=None, towers=None, inputs=None, loss=None, num_classes=None, feeds=None,
@@ -58,7 +58,7 @@ def verify(graph, *, original=None, towers=None, inputs=None, loss=None, num_cla
                       connections, call Python: see side_effects.py); refused by default, before
                       anything runs, and listed in the report's notes when allowed.
 
-    Returns a VerifyReport (`passed`, `reason`, figures); raises GraphsyncError when the graph
+    Returns a VerifyReport (`outcome`: pass, fail or inconclusive; `passed`, `reason`, figures); raises GraphsyncError when the graph
     cannot be run or its inputs or loss cannot be found.
     """
     label, source_graph, collection = sources.load(graph, tags)
@@ -87,8 +87,8 @@ def verify(graph, *, original=None, towers=None, inputs=None, loss=None, num_cla
                                                   [runner.run(batch.reorders(1)[0])], runner.metadata)
 
     notes = subject.notes + batch.notes + [note for note in reaching if note]
-    passed, reason = verdict.verdict(figures, batch, tolerance, fixed_batch=batch.fixed)
-    if original_figures is not None and passed and original_figures.largest()[1] <= tolerance:
+    outcome, reason = verdict.verdict(figures, batch, tolerance, fixed_batch=batch.fixed)
+    if original_figures is not None and outcome is Outcome.PASS and original_figures.largest()[1] <= tolerance:
         notes.append("the un-rewritten graph passes too: on this graph the exchange cannot tell "
                      "synchronized from per-tower statistics")
     return VerifyReport(
@@ -96,7 +96,7 @@ def verify(graph, *, original=None, towers=None, inputs=None, loss=None, num_cla
         inputs=[sources.describe(i, batch) for i in subject.inputs],
         loss=subject.loss, loss_source=subject.loss_source, examples=batch.examples,
         per_tower=batch.per_tower, moved=batch.moved, seed=seed, tolerance=tolerance, rewritten=figures,
-        original=original_figures, passed=passed, reason=reason, group_size=group_size, devices=devices,
+        original=original_figures, outcome=outcome, reason=reason, group_size=group_size, devices=devices,
         notes=notes, copies=subject.copies.describe())
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 
 from graphsync.verification.trace import LayerTraffic
 
@@ -69,6 +70,15 @@ class Figures:
         return data
 
 
+class Outcome(enum.Enum):
+    """What verify concludes: the rewritten graph's statistics are the whole batch's (PASS), are not
+    (FAIL), or float rounding amplified by the model hides which (INCONCLUSIVE: exit status and
+    report as a failure, with a remedy)."""
+    PASS = "pass"
+    FAIL = "fail"
+    INCONCLUSIVE = "inconclusive"
+
+
 @dataclasses.dataclass
 class VerifyReport:
     """The verdict on one graph (`rewritten`), and the same figures for the un-rewritten graph
@@ -86,7 +96,7 @@ class VerifyReport:
     tolerance: float
     rewritten: Figures
     original: Figures | None
-    passed: bool
+    outcome: Outcome
     reason: str
     group_size: int | None = None
     devices: dict = dataclasses.field(default_factory=dict)
@@ -94,11 +104,16 @@ class VerifyReport:
     copies: str = ""             # which per-tower variable copies started equal, and how they were found
 
     @property
+    def passed(self) -> bool:
+        return self.outcome is Outcome.PASS
+
+    @property
     def summary(self) -> str:
         return ("PASS: " if self.passed else "FAIL: ") + self.reason
 
     def to_dict(self) -> dict:
         data = dataclasses.asdict(self)
+        data["outcome"], data["passed"] = self.outcome.value, self.passed
         data["rewritten"] = self.rewritten.to_dict()
         data["original"] = self.original.to_dict() if self.original else None
         data["summary"] = self.summary

@@ -17,7 +17,7 @@ import dataclasses
 import numpy as np
 
 from graphsync.verification import run, trace
-from graphsync.verification.findings import APART, CHECKS, Figures, LayerFigures
+from graphsync.verification.findings import APART, CHECKS, Figures, LayerFigures, Outcome
 
 # float32 rounding moves these figures by ~1e-7 on small models and up to ~1e-4 on MobileNetV2 (measured:
 # tests/test_verify.py); per-tower statistics move them by 1e-3 and (much) more.
@@ -152,7 +152,7 @@ def _beyond(layer: LayerFigures, what: str, tolerance: float) -> bool:
 
 
 def _judge_layers(figures: Figures, moved: str, tolerance: float):
-    """(passed, reason) from the layers, or None when every layer holds. The first layer (in
+    """(outcome, reason) from the layers, or None when every layer holds. The first layer (in
     forward order) whose statistics change beyond their rounding fails; a layer whose own
     rounding hides the change makes the verdict inconclusive only when no layer fails."""
     hidden = None
@@ -163,17 +163,17 @@ def _judge_layers(figures: Figures, moved: str, tolerance: float):
         what = max(beyond, key=lambda w: (w != "update", layer.changes[w]))   # a statistic before the update
         change, rounding = layer.changes[what], layer.rounding.get(what)
         if change == float("inf"):
-            return False, f"layer `{layer.name}` computes non-finite statistics (NaN or infinity)"
+            return Outcome.FAIL, f"layer `{layer.name}` computes non-finite statistics (NaN or infinity)"
         if _hidden(rounding):
             hidden = hidden or (layer, what)
             continue
         why = "" if layer.synchronized else "; it has no synchronized layer: rewrite it first" if not figures.layers \
             else "; graphsync did not rewrite it"
-        return False, (f"layer `{layer.name}` is not synchronized: {_its(what)} changes by {change:.1e} when "
+        return Outcome.FAIL, (f"layer `{layer.name}` is not synchronized: {_its(what)} changes by {change:.1e} when "
                        f"{moved} (rounding {f'{rounding:.1e}' if rounding else '0'}){why}")
     if hidden is not None:
         layer, what = hidden
-        return False, (f"inconclusive: layer `{layer.name}`: {_its(what)} changes by {layer.changes[what]:.1e} when "
+        return Outcome.INCONCLUSIVE, (f"layer `{layer.name}`: {_its(what)} changes by {layer.changes[what]:.1e} when "
                        f"{moved}, but reordering examples inside their towers already changes it by "
                        f"{layer.rounding[what]:.1e} (float rounding, amplified by this model)")
     return None
@@ -185,17 +185,25 @@ def _its(what: str) -> str:
             "minimum": "its minimum over the batch"}.get(what, f"its {what}")
 
 
-def verdict(figures: Figures, batch, tolerance: float, fixed_batch: bool = False) -> tuple[bool, str]:
+def verdict(figures: Figures, batch, tolerance: float, fixed_batch: bool = False) -> tuple[Outcome, str]:
+    """(outcome, the one-line reason the report gives: an inconclusive one says so first and ends
+    with its remedy)."""
+    outcome, reason = _verdict(figures, batch, tolerance)
+    if outcome is Outcome.INCONCLUSIVE:
+        return outcome, f"inconclusive: {reason}{_remedy(fixed_batch)}"
+    return outcome, reason
+
+
+def _verdict(figures: Figures, batch, tolerance: float) -> tuple[Outcome, str]:
     moved = f"moving {batch.moved} of {batch.examples} examples to other towers"
     moving = f"{batch.moved} of {batch.examples} examples move"
     checks = [(c, getattr(figures, c)) for c, _ in CHECKS if getattr(figures, c) is not None]
     for check, change in checks:
         if change == float("inf"):
-            return False, f"the graph computes non-finite {dict(CHECKS)[check]} (NaN or infinity)"
+            return Outcome.FAIL, f"the graph computes non-finite {dict(CHECKS)[check]} (NaN or infinity)"
     judged = _judge_layers(figures, moving, tolerance)
     if judged is not None:
-        passed, reason = judged
-        return passed, reason + (_remedy(fixed_batch) if reason.startswith("inconclusive") else "")
+        return judged
     layers_hold = bool(figures.layer_figures)
     failing = [(check, change) for check, change in checks
                if change > _limit((figures.rounding or {}).get(check), tolerance)]
@@ -205,32 +213,32 @@ def verdict(figures: Figures, batch, tolerance: float, fixed_batch: bool = False
         rounding = (figures.rounding or {}).get(check)
         hint = "" if figures.layers else "; it has no synchronized layer: rewrite it first"
         if _hidden(rounding):
-            return False, (f"inconclusive: {moved} changes the {dict(CHECKS)[check]} by {change:.1e}, but reordering "
-                           f"examples inside their towers already changes them by {rounding:.1e} (float rounding, "
-                           f"amplified by this model){_remedy(fixed_batch)}")
+            return Outcome.INCONCLUSIVE, (
+                f"{moved} changes the {dict(CHECKS)[check]} by {change:.1e}, but reordering examples inside their "
+                f"towers already changes them by {rounding:.1e} (float rounding, amplified by this model)")
         scale = f"float rounding: {rounding:.1e}" if rounding is not None else f"tolerance {tolerance:.0e}"
         held = (f"; every one of its {len(figures.layer_figures)} layers holds: something else in the towers "
                 "depends on which tower an example sits in") if layers_hold else ""
-        return False, f"not synchronized: {moved} changes the {dict(CHECKS)[check]} by {change:.1e} ({scale}){hint}{held}"
+        return Outcome.FAIL, f"not synchronized: {moved} changes the {dict(CHECKS)[check]} by {change:.1e} ({scale}){hint}{held}"
     if figures.batch_norm_running:
-        return False, (f"{len(figures.batch_norm_running)} per-tower batch-norm ops still run each step "
+        return Outcome.FAIL, (f"{len(figures.batch_norm_running)} per-tower batch-norm ops still run each step "
                        f"(e.g. {figures.batch_norm_running[0]}): something still reads them")
     check, change = figures.largest()
     if not figures.layers and not figures.batch_norm_ops and not figures.layer_figures:
-        return True, f"{moved} changes nothing (largest change {change:.1e}); the towers have no batch norm"
+        return Outcome.PASS, f"{moved} changes nothing (largest change {change:.1e}); the towers have no batch norm"
     if layers_hold:
         layer = max(figures.layer_figures, key=lambda layer: layer.largest()[1])
         what = layer.largest()[0]
         end = (f"; the {dict(CHECKS)[check]} change by {change:.1e}, as much as reordering examples inside their "
                f"towers does ({figures.rounding[check]:.1e})" if change > tolerance else
                f"; end to end, the largest change is {change:.1e}")
-        return True, (f"synchronized: {moved} leaves the statistics of every one of {_count(figures)} "
+        return Outcome.PASS, (f"synchronized: {moved} leaves the statistics of every one of {_count(figures)} "
                       f"unchanged beyond rounding (largest change {layer.changes[what]:.1e}){end}")
     if change > tolerance:
-        return True, (f"synchronized: {moved} changes the {dict(CHECKS)[check]} by {change:.1e} (median of "
+        return Outcome.PASS, (f"synchronized: {moved} changes the {dict(CHECKS)[check]} by {change:.1e} (median of "
                       f"{figures.exchanges}), as much as float rounding does here (reordering examples inside "
                       f"their towers: {figures.rounding[check]:.1e})")
-    return True, (f"synchronized: {moved} changes nothing beyond float rounding "
+    return Outcome.PASS, (f"synchronized: {moved} changes nothing beyond float rounding "
                   f"(largest change {change:.1e}, tolerance {tolerance:.0e})")
 
 

@@ -17,6 +17,7 @@ import tensorflow as tf
 
 import conditional_models as cm
 import graphsync
+from graphsync.graph.marks import is_recomputed
 from graphsync.graph.backward import is_backward
 import tiers
 import towerlib as tl
@@ -321,7 +322,6 @@ def test_recompute_behind_a_flag_is_bit_for_bit_and_one_device(version, gradient
     after the flag's Merge any more; with the flag True several steps give every variable exactly
     as without recompute, and one step equals one device; with the flag False the step is the
     original's."""
-    from graphsync.splice import recompute as recomputation
     batch_sizes = (3, 5)
     x, t = _data(batch_sizes)
     reports = []
@@ -338,11 +338,11 @@ def test_recompute_behind_a_flag_is_bit_for_bit_and_one_device(version, gradient
         assert reports[0].recompute_deferred == 2, reports[0]
     if recompute == "segments":   # the convolutions too
         assert "Conv2D" in {op.type for op in recomputed.graph.get_operations()
-                            if recomputation.RECOMPUTED_ATTR in op.node_def.attr}
+                            if is_recomputed(op)}
 
     def gradient_readers_of_activations(graph):
         relus = [op for op in graph.get_operations() if op.type == "Relu" and op.name.startswith("tower_")
-                 and not is_backward(op) and recomputation.RECOMPUTED_ATTR not in op.node_def.attr]
+                 and not is_backward(op) and not is_recomputed(op)]
         return [c for op in relus for c in op.outputs[0].consumers()
                 if is_backward(c) and c.type not in ("Shape", "ShapeN", "Size", "Rank")]
     assert gradient_readers_of_activations(plain.graph)

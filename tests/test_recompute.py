@@ -14,8 +14,8 @@ import pytest
 import tensorflow as tf
 
 import graphsync
+from graphsync.graph.marks import is_recomputed
 from graphsync.graph.backward import is_backward
-from graphsync.splice import recompute as recomputation
 import models
 import tiers
 import towerlib as tl
@@ -38,7 +38,7 @@ def _forward_activations(graph):
     """The towers' forward outputs of the activations after their batch norms."""
     return [op.outputs[0] for op in graph.get_operations()
             if op.type == "Relu" and op.name.startswith("tower_") and not is_backward(op)
-            and recomputation.RECOMPUTED_ATTR not in op.node_def.attr]
+            and not is_recomputed(op)]
 
 
 def _gradient_readers(tensors):
@@ -66,7 +66,7 @@ def test_recomputed_step_is_bit_for_bit_and_one_device(model_key, strategy, batc
     # without recompute the backward reads the forward's activations; with it, none does
     assert _gradient_readers(_forward_activations(plain.graph))
     assert not _gradient_readers(_forward_activations(recomputed.graph))
-    copies = [op for op in recomputed.graph.get_operations() if recomputation.RECOMPUTED_ATTR in op.node_def.attr]
+    copies = [op for op in recomputed.graph.get_operations() if is_recomputed(op)]
     assert copies and all(op.control_inputs and all(is_backward(c) for c in op.control_inputs)
                           for op in copies)
     assert all(op.device == op.inputs[0].op.device or op.device for op in copies)
@@ -92,7 +92,7 @@ def test_copies_survive_grappler_and_run():
     back into the forward), on their tower's device."""
     batch_sizes = [3, 5]
     built = tl.build(MODELS["raw-fused"], batch_sizes, rewrite=lambda g: graphsync.rewrite_towers(g, recompute=True))
-    copies = {op.name for op in built.graph.get_operations() if recomputation.RECOMPUTED_ATTR in op.node_def.attr}
+    copies = {op.name for op in built.graph.get_operations() if is_recomputed(op)}
     ran = tl.executed_nodes(built, batch_sizes)
     assert copies and copies <= ran, sorted(copies - ran)
 
@@ -154,7 +154,7 @@ def test_graphsync_rewrite_recompute_writes_a_graph_that_keeps_its_copies(tmp_pa
     graph = tf.Graph()
     with graph.as_default():
         tf1.train.import_meta_graph(str(out))
-    copies = [op for op in graph.get_operations() if recomputation.RECOMPUTED_ATTR in op.node_def.attr]
+    copies = [op for op in graph.get_operations() if is_recomputed(op)]
     assert len(copies) >= report["recomputed"] and all(op.control_inputs for op in copies)
 
 

@@ -25,7 +25,7 @@ import towerlib as tl
 from graphsync.errors import GraphsyncError
 from graphsync.graph.backward import is_backward
 from graphsync.splice import segments
-from graphsync.splice.recompute import RECOMPUTED_ATTR
+from graphsync.graph.marks import is_recomputed
 
 tf1 = tf.compat.v1
 INPUT_SHAPE = (6, 6, 3)
@@ -62,14 +62,14 @@ _steps = tl.variables_after   # every variable after several training steps
 
 
 def copies(graph):
-    return [op for op in graph.get_operations() if RECOMPUTED_ATTR in op.node_def.attr]
+    return [op for op in graph.get_operations() if is_recomputed(op)]
 
 
 def convolutions_read_by_the_backward(graph):
     """The towers' forward convolutions whose outputs a gradient op reads (beyond a shape)."""
     return [op.name for op in graph.get_operations()
             if op.type == "Conv2D" and op.name.startswith("tower_") and not is_backward(op)
-            and RECOMPUTED_ATTR not in op.node_def.attr
+            and not is_recomputed(op)
             and any(is_backward(c) and c.type not in _SHAPES and _runs(c) for c in op.outputs[0].consumers())]
 
 

@@ -14,7 +14,9 @@ import threading
 import weakref
 from collections.abc import Mapping
 
-from graphsync.graph.op_types import COLLECTIVE_TYPES, EXCHANGE_ATTR
+from graphsync.graph import marks
+from graphsync.graph.marks import Mark
+from graphsync.graph.op_types import COLLECTIVE_TYPES
 
 
 class Steps:
@@ -88,7 +90,7 @@ def _reaches_collective(graph, names: tuple) -> bool:
     seen, stack = set(names), [graph.get_operation_by_name(n) for n in names]
     while stack:
         op = stack.pop()
-        if op.type in COLLECTIVE_TYPES or (op.type.startswith("Queue") and EXCHANGE_ATTR in op.node_def.attr):
+        if op.type in COLLECTIVE_TYPES or (op.type.startswith("Queue") and marks.has(op, Mark.EXCHANGE)):
             return True
         for parent in [t.op for t in op.inputs] + list(op.control_inputs):
             if parent.name not in seen:

@@ -12,6 +12,8 @@ import weakref
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
+from graphsync.graph import marks
+from graphsync.graph.marks import Mark
 from graphsync.exchange import transports
 from graphsync.exchange.transports import Reduced
 from graphsync.graph.tf_private import FastOps, create_op, pristine_scope
@@ -155,8 +157,8 @@ class Collectives:
 def _collective_gradient_sum(op, contribution, k):
     """Another all-reduce, keyed by the forward's instance key and k: every tower's k-th gradient
     call joins the same one."""
-    members, group_key, forward_key, timeout_ms = (op.get_attr(f"_graphsync_{name}")
-                                                   for name in ("members", "group_key", "instance_key", "timeout_ms"))
+    members, group_key, forward_key, timeout_ms = (marks.get(op, mark) for mark in (
+        Mark.MEMBERS, Mark.GROUP_KEY, Mark.INSTANCE_KEY, Mark.TIMEOUT_MS))
     site = op.name.rsplit("_sync/", 1)[0]
     with pristine_scope(op.graph, op.device, f"{site}_sync/backward_statistics"):
         return all_reduce(contribution, members, group_key, backward_key(op.graph, forward_key, k),

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from graphsync.graph import marks
+from graphsync.graph.marks import Mark
 from graphsync import stats
 from graphsync.exchange import library, transports
 from graphsync.exchange.values import Synchronized
@@ -91,7 +93,7 @@ def _gathered_gradient_sum(op, contribution, k):
     merged = op.inputs[0]
     scope, _, phase = merged.op.name.rpartition("/")[0].rpartition("/")
     return gathered_sum(op, contribution, k, merged.name, merged.device,
-                        f"{scope}/{phase.replace('forward', 'backward_statistics', 1)}", op.get_attr("_graphsync_members"))
+                        f"{scope}/{phase.replace('forward', 'backward_statistics', 1)}", marks.get(op, Mark.MEMBERS))
 
 
 def _merged(ops, sizes, means, spreads, residuals=(), spread="m2", epsilon=None):

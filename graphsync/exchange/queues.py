@@ -22,15 +22,15 @@ Worker w's dequeue waits for its own enqueue, worker 0's dequeues for its own co
 to the ps (control edges on the ps: deadness crosses devices with data, not with a control edge):
 when the contribution is dead (a tensor training flag at inference, graphsync/splice/stand_in.py)
 everything after it is dead too and nothing crosses. Enqueues and
-dequeues carry EXCHANGE_ATTR, which graphsync/between_graph/steps.py reads to know a synchronized
+dequeues carry the mark Mark.EXCHANGE (graphsync/graph/marks.py), which graphsync/between_graph/steps.py reads to know a synchronized
 step (one a lost worker stops).
 """
 from __future__ import annotations
 
 import tensorflow as tf
-from tensorflow.core.framework import attr_value_pb2
 
-from graphsync.graph.op_types import EXCHANGE_ATTR
+from graphsync.graph import marks
+from graphsync.graph.marks import Mark
 from graphsync.graph.tf_private import pristine_scope, set_attr
 
 
@@ -80,5 +80,5 @@ def _queue(base, direction, worker, dtype):
 
 
 def _marked(op):
-    set_attr(op, EXCHANGE_ATTR, attr_value_pb2.AttrValue(b=True))
+    set_attr(op, Mark.EXCHANGE.value, marks.value(True))
     return op

@@ -33,6 +33,8 @@ import tensorflow as tf
 
 import weakref
 
+from graphsync.graph import marks
+from graphsync.graph.marks import Mark
 from graphsync.between_graph.process_group import ProcessGroup
 from graphsync.errors import GraphsyncError
 from graphsync.exchange import queues, transports
@@ -112,8 +114,8 @@ def _queued_gradient_sum(op, contribution, k):
     """The towers of this worker summed by one AddN each tower's gradient call fills in (on the
     device of the first tower whose call builds it), then every worker's sum through queues on the
     forward's ps (graphsync/exchange/queues.py), named after the forward's and `k`."""
-    base, ps = (op.get_attr(f"_graphsync_{name}").decode() for name in ("queue", "ps"))
-    members, worker, workers = (op.get_attr(f"_graphsync_{name}") for name in ("members", "worker", "workers"))
+    base, ps = marks.text(op, Mark.QUEUE), marks.text(op, Mark.PS)
+    members, worker, workers = (marks.get(op, mark) for mark in (Mark.MEMBERS, Mark.WORKER, Mark.WORKERS))
     key = "_".join(map(str, k)) if isinstance(k, tuple) else str(k)   # e.g. ("y", 0): the fused backward
     scope = f"{op.name.rsplit('_sync/', 1)[0]}_sync/backward_statistics_{key}"
     local = contribution if members == 1 else gathered_sum(op, contribution, k, base, op.device, scope, members)

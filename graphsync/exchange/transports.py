@@ -28,7 +28,9 @@ from typing import Callable, Protocol
 
 import tensorflow as tf
 
-TRANSPORT_ATTR = "_graphsync_transport"   # on every view: the name its gradient sum is registered under
+from graphsync.graph import marks
+from graphsync.graph.marks import Mark
+
 
 _GRADIENT_SUMS: dict[str, Callable] = {}
 
@@ -63,10 +65,8 @@ def gradient_sum(op, contribution, k) -> tf.Tensor:
     """Σ over the towers of view `op`'s sync group of their `contribution` to gradient call `k`,
     through the transport its keys name (a view saved without the name, by graphsync before it
     recorded one: told by its keys)."""
-    attrs = op.node_def.attr
-    if TRANSPORT_ATTR in attrs:
-        name = attrs[TRANSPORT_ATTR].s.decode()
+    if marks.has(op, Mark.TRANSPORT):
+        name = marks.text(op, Mark.TRANSPORT)
     else:
-        name = "collective" if "_graphsync_group_key" in attrs else "queues" if "_graphsync_queue" in attrs \
-            else "gather"
+        name = "collective" if marks.has(op, Mark.GROUP_KEY) else "queues" if marks.has(op, Mark.QUEUE) else "gather"
     return _GRADIENT_SUMS[name](op, contribution, k)

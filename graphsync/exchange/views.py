@@ -21,6 +21,8 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
+from graphsync.graph import marks
+from graphsync.graph.marks import Mark
 from graphsync.exchange import transports
 from graphsync.exchange.collectives import differentiation
 from graphsync.exchange.values import Synchronized
@@ -48,7 +50,7 @@ def view(graph, site, s: Synchronized, upload, spread: str, factor=None, **keys)
     attrs = {"T": attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(
                  type=[t.dtype.as_datatype_enum for t in inputs])),
              "_gradient_op_type": attr_value_pb2.AttrValue(s=VIEW_GRADIENT.encode()),
-             "_graphsync_spread": attr_value_pb2.AttrValue(s=spread.encode())}
+             Mark.SPREAD.value: marks.value(spread)}
     attrs.update(_key_attrs(keys))
     with pristine_scope(graph, site.device, site.op.name + "_sync"):
         view = create_op(graph, "IdentityN", inputs, attrs, "statistics")
@@ -63,8 +65,8 @@ def view(graph, site, s: Synchronized, upload, spread: str, factor=None, **keys)
 def _key_attrs(keys: dict) -> dict:
     """A view's keys as the attributes its gradient reads back: strings and ints; `transport`, the
     name its gradient sum is registered under (graphsync/exchange/transports.py)."""
-    return {f"_graphsync_{name}": attr_value_pb2.AttrValue(s=value.encode()) if isinstance(value, str)
-            else attr_value_pb2.AttrValue(i=int(value)) for name, value in keys.items()}
+    return {Mark.key(name).value: marks.value(value if isinstance(value, str) else int(value))
+            for name, value in keys.items()}
 
 
 def sum_view(graph, site, total: tf.Tensor, local: tf.Tensor, **keys) -> tf.Tensor:
@@ -131,7 +133,7 @@ def view_gradient(op, d_mean, d_variance, *_unused):
         sum_mean, sum_variance = tf.unstack(summed)
         share = tf.cast(tf.math.divide_no_nan(count, total), dtype)
         d_local_mean = tf.math.multiply_no_nan(sum_mean + 2.0 * (local_mean - mean) * sum_variance, share)
-        bessel = op.get_attr("_graphsync_spread") == b"bessel"
+        bessel = marks.text(op, Mark.SPREAD) == "bessel"
         weight = tf.nn.relu(count - 1.0) if bessel else tf.sign(count)
         d_local_spread = sum_variance * tf.cast(tf.math.divide_no_nan(weight, total), dtype)
     return [None] * 4 + [d_local_mean, d_local_spread]
@@ -146,7 +148,7 @@ def summed_gradient(op, contribution, k):
 
 def gathered_sum(op, contribution, k, key, device: str, scope: str, members: int) -> tf.Tensor:
     """One AddN per (key, k) on `device` under `scope`, which each tower's gradient call fills in at
-    its place (`_graphsync_member`): the towers' contributions summed in tower order. A tower whose
+    its place (`Mark.MEMBER`): the towers' contributions summed in tower order. A tower whose
     call never builds it leaves an error in its place (`_missing_tower`)."""
     graph = op.graph
     table = _gathered_gradients.setdefault(graph, {})
@@ -157,7 +159,7 @@ def gathered_sum(op, contribution, k, key, device: str, scope: str, members: int
                 {"T": attr_value_pb2.AttrValue(type=contribution.dtype.as_datatype_enum),
                  "N": attr_value_pb2.AttrValue(i=members)}, "sum")
     total = table[(key, k)]
-    update_input(total, op.get_attr("_graphsync_member"), contribution)
+    update_input(total, marks.get(op, Mark.MEMBER), contribution)
     return total.outputs[0]
 
 

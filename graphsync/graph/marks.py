@@ -1,16 +1,99 @@
-"""Node attributes graphsync puts on the ops it makes, read by stages other than the one that set
-them: a mark says what an op is, where a name could be mistaken for the user's.
+"""Every node attribute graphsync puts on the ops it makes or edits, in one registry: a mark says
+what an op is or how to find its partners, where a name could be mistaken for the user's, and it
+survives a saved graph (a leading underscore keeps TensorFlow from checking it against the op's
+registration). The stage that sets a mark and the stages that read it name it here, never by its
+string.
 
-    RECOMPUTED   a forward op copied to run late, in the backward (graphsync/splice/recompute.py and
-                 segments.py): forward arithmetic, although only the backward reads it
-                 (graphsync/graph/backward.py never counts it in the backward)
+    recompute and segments (graphsync/splice/recompute.py, segments.py)
+        RECOMPUTED        a forward op copied to run late, in the backward: forward arithmetic,
+                          although only the backward reads it (graph/backward.py never counts it)
+        RECOMPUTE_ROOTS   on the op whose gradient recomputes a layer: the copies' roots
+        SEGMENT_ROOTS     on a segment's trigger: the roots its region starts from,
+        SEGMENT_LATER     every later segment's roots in the tower,
+        SEGMENT_MEMBERS   the triggers of every layer of the segment,
+        SEGMENT_REACHED   set once tf.gradients has reached that trigger
+    the exchange's views (graphsync/exchange/views.py: the keys a view's gradient finds the
+    other towers by) and transports
+        SPREAD, MEMBERS, MEMBER, GROUP_KEY, INSTANCE_KEY, TIMEOUT_MS, QUEUE, PS, WORKER, WORKERS,
+        TRANSPORT         the name its gradient sum is registered under
+        EXCHANGE          a ps queue's enqueue or dequeue of a synchronized step (between_graph/steps.py)
+    the splice's other edits
+        INLINED           a tf.function call graphsync/splice/inline.py inlined: it no longer runs
+        GATE              a Switch graphsync/splice/stand_in.py puts before a rewritten If
+    what `graphsync verify` reads (graphsync/splice/marks.py: the statistics each tower reads)
+        LAYER, FORM, STATISTICS, NORMALIZATION, FOUND_AS
 """
 from __future__ import annotations
 
-import tensorflow as tf
+import enum
 
-RECOMPUTED = "_graphsync_recompute"
+import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2
+
+
+class Mark(enum.Enum):
+    """One node attribute of graphsync's (module docstring); `.value` is the attribute's name."""
+
+    RECOMPUTED = "_graphsync_recompute"
+    RECOMPUTE_ROOTS = "_graphsync_recompute_roots"
+    SEGMENT_ROOTS = "_graphsync_segment_roots"
+    SEGMENT_LATER = "_graphsync_segment_later"
+    SEGMENT_MEMBERS = "_graphsync_segment_members"
+    SEGMENT_REACHED = "_graphsync_segment_reached"
+    SPREAD = "_graphsync_spread"
+    MEMBERS = "_graphsync_members"
+    MEMBER = "_graphsync_member"
+    GROUP_KEY = "_graphsync_group_key"
+    INSTANCE_KEY = "_graphsync_instance_key"
+    TIMEOUT_MS = "_graphsync_timeout_ms"
+    QUEUE = "_graphsync_queue"
+    PS = "_graphsync_ps"
+    WORKER = "_graphsync_worker"
+    WORKERS = "_graphsync_workers"
+    TRANSPORT = "_graphsync_transport"
+    EXCHANGE = "_graphsync_exchange"
+    INLINED = "_graphsync_inlined"
+    GATE = "_graphsync_gate"
+    LAYER = "_graphsync_layer"
+    FORM = "_graphsync_form"
+    STATISTICS = "_graphsync_statistics"
+    NORMALIZATION = "_graphsync_normalization"
+    FOUND_AS = "_graphsync_found_as"
+
+    @classmethod
+    def key(cls, name: str) -> "Mark":
+        """The mark of a view's key given by keyword (`members=…`, `group_key=…`)."""
+        return cls[name.upper()]
+
+
+# what a recomputed copy must not inherit from the op it copies: its own triggers are not the copy's
+TRIGGERS = (Mark.RECOMPUTE_ROOTS, Mark.SEGMENT_ROOTS, Mark.SEGMENT_LATER, Mark.SEGMENT_MEMBERS,
+            Mark.SEGMENT_REACHED)
+
+
+def has(op: tf.Operation, mark: Mark) -> bool:
+    return mark.value in op.node_def.attr
+
+
+def get(op: tf.Operation, mark: Mark):
+    """The mark's value as TensorFlow gives it (bytes, int, list)."""
+    return op.get_attr(mark.value)
+
+
+def text(op: tf.Operation, mark: Mark) -> str:
+    return op.get_attr(mark.value).decode()
+
+
+def value(x) -> attr_value_pb2.AttrValue:
+    """An attribute value: a flag (bool), a number (int), a text (str) or a list of names (bytes)."""
+    if isinstance(x, bool):
+        return attr_value_pb2.AttrValue(b=x)
+    if isinstance(x, int):
+        return attr_value_pb2.AttrValue(i=x)
+    if isinstance(x, str):
+        return attr_value_pb2.AttrValue(s=x.encode())
+    return attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(s=list(x)))
 
 
 def is_recomputed(op: tf.Operation) -> bool:
-    return RECOMPUTED in op.node_def.attr
+    return has(op, Mark.RECOMPUTED)

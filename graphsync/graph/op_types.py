@@ -7,7 +7,6 @@ COLLECTIVE_TYPES = ("CollectiveReduce", "CollectiveReduceV2", "CollectiveGather"
 
 # Marks the ops of a cross-process exchange that are no collective (graphsync/exchange/queues.py):
 # a step that runs them waits for the other workers, as one with collectives does.
-EXCHANGE_ATTR = "_graphsync_exchange"
 
 # Ops that assign a variable (ref or resource): moving-average updates, as the planner and verify see them.
 WRITE_TYPES = ("Assign", "AssignAdd", "AssignSub", "AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp")

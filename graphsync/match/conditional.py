@@ -20,13 +20,13 @@ import dataclasses
 
 import tensorflow as tf
 
-from graphsync.graph import by_type, tf_private
+from graphsync.graph import by_type, marks, tf_private
 from graphsync.match.candidate import Candidate, ConditionalParts
 from graphsync.match.fused import FUSED_TYPES
+from graphsync.graph.marks import Mark
 
 IF_TYPES = ("If", "StatelessIf")
 STARTS = IF_TYPES   # the op types candidates() starts from (see match.starting_types)
-GATE_ATTR = "_graphsync_gate"   # on the Switch ops graphsync/splice/stand_in.py puts before a rewritten If
 _FORWARD_OUTPUTS = {"y": 0, "batch_mean": 1, "batch_variance": 2}
 _GRAD_OUTPUTS = {"x_backprop": 0, "scale_backprop": 1, "offset_backprop": 2}
 _PASS_THROUGH = ("Identity",)
@@ -167,7 +167,7 @@ def _gradient_ifs(op: tf.Operation, branch: int, library: dict) -> list | str:
 def is_rewritten(op: tf.Operation, parts: ConditionalParts) -> bool:
     """graphsync gates a rewritten If's inputs with marked Switch ops."""
     x = op.inputs[parts.operands[0].index]
-    return x.op.type == "Switch" and GATE_ATTR in x.op.node_def.attr
+    return x.op.type == "Switch" and marks.has(x.op, Mark.GATE)   # stand_in.py put it before a rewritten If
 
 
 def candidates(graph: tf.Graph) -> list[Candidate]:

@@ -4,22 +4,22 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from graphsync.graph import tf_private
+from graphsync.graph import marks, tf_private
 from graphsync.match.fused import FUSED_TYPES
+from graphsync.graph.marks import Mark
 
 FUNCTION_CALL_TYPES = ("If", "StatelessIf", "While", "StatelessWhile", "Case", "StatelessCase",
                        "PartitionedCall", "StatefulPartitionedCall")
 GRADIENT_TYPES = ("FusedBatchNormGrad", "FusedBatchNormGradV2", "FusedBatchNormGradV3")
 STARTS = FUNCTION_CALL_TYPES   # the op types that may hide a batch norm (see match.starting_types)
 CALL_TYPES = ("PartitionedCall", "StatefulPartitionedCall")   # tf.function calls, which graphsync inlines
-INLINED_ATTR = "_graphsync_inlined"   # marks a call graphsync/splice/inline.py inlined: it no longer runs
 INLINED_SUFFIX = "_inlined"   # graphsync/splice/inline.py imports a call's body under `<call>_inlined/`
 INLINE_REMEDY = "call the function's Python code directly (without tf.function) when building the towers"
 
 
 def is_inlined(op: tf.Operation) -> bool:
     """Whether graphsync already inlined this tf.function call (nothing reads it any more)."""
-    return op.type in CALL_TYPES and INLINED_ATTR in op.node_def.attr
+    return op.type in CALL_TYPES and marks.has(op, Mark.INLINED)   # inlined: it no longer runs
 
 
 def functions_with_training_batch_norm(graph: tf.Graph) -> set[str]:

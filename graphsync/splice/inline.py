@@ -28,7 +28,7 @@ hand-written statistic is inlined too, its `gradients/<op>_grad/…` scopes rena
 `gradients/<call>_inlined/<op>_grad/…`: tf.gradients' names for the gradient of the inlined forward
 op, by which graphsync/plan/reductions.py finds it.
 
-The old calls stay in the graph, read by nothing, so they do not run; INLINED_ATTR marks them so
+The old calls stay in the graph, read by nothing, so they do not run; Mark.INLINED marks them so
 that they are not looked at again. A tensor held in Python from before the rewrite still names the
 old call's output: fetching it runs the old, unsynchronized body (with its side effects, e.g. a
 tf_keras layer's moving-average updates), as fetching an old batch-norm op's output does.
@@ -41,14 +41,15 @@ from __future__ import annotations
 import re
 
 import tensorflow as tf
-from tensorflow.core.framework import attr_value_pb2, graph_pb2
+from tensorflow.core.framework import graph_pb2
 
 from graphsync import match
-from graphsync.graph import tf_private
+from graphsync.graph import marks, tf_private
 from graphsync.errors import GraphsyncError
 from graphsync.graph.reroute import reroute_control_outputs, reroute_outputs
-from graphsync.match.hidden import CALL_TYPES, INLINE_REMEDY as REMEDY, INLINED_ATTR, INLINED_SUFFIX, is_inlined
+from graphsync.match.hidden import CALL_TYPES, INLINE_REMEDY as REMEDY, INLINED_SUFFIX, is_inlined
 from graphsync.graph.backward import is_backward
+from graphsync.graph.marks import Mark
 
 
 # INLINED_SUFFIX: never the call's own name: TensorFlow inlines a call it runs as `<call>/<node>`
@@ -138,7 +139,7 @@ def _inline(graph: tf.Graph, call: tf.Operation, library: dict, forward: bool, r
     outputs = [inputs[ref] if ref in inputs else next(found) for ref in returned]
     reroute_outputs(call, outputs)
     reroute_control_outputs(call, list({t.op: None for t in outputs if t.op in new_ops}) + list(found))
-    tf_private.set_attr(call, INLINED_ATTR, attr_value_pb2.AttrValue(b=True))
+    tf_private.set_attr(call, Mark.INLINED.value, marks.value(True))
 
 
 def _rename_gradient_scopes(graph_def, names: dict, forward: str) -> dict:

@@ -15,14 +15,11 @@ from __future__ import annotations
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
+from graphsync.graph import marks
+from graphsync.graph.marks import Mark
 from graphsync.graph.tf_private import create_op, pristine_scope
 
 MARK = "statistics_read"
-LAYER_ATTR = "_graphsync_layer"
-FORM_ATTR = "_graphsync_form"
-NAMES_ATTR = "_graphsync_statistics"
-NORMALIZATION_ATTR = "_graphsync_normalization"   # the normalization the layer is part of (plan/normalizations.py)
-FOUND_AS_ATTR = "_graphsync_found_as"             # how it was found ("fused", "reductions: mean + …")
 
 
 def mark(graph: tf.Graph, layer, site, **statistics: tf.Tensor) -> tf.Operation:
@@ -31,30 +28,29 @@ def mark(graph: tf.Graph, layer, site, **statistics: tf.Tensor) -> tf.Operation:
     tensors = list(statistics.values())
     attrs = {"T": attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(
                  type=[t.dtype.as_datatype_enum for t in tensors])),
-             LAYER_ATTR: attr_value_pb2.AttrValue(s=layer.name.encode()),
-             FORM_ATTR: attr_value_pb2.AttrValue(s=layer.shown_kind.encode()),
-             NAMES_ATTR: attr_value_pb2.AttrValue(s=",".join(statistics).encode()),
-             NORMALIZATION_ATTR: attr_value_pb2.AttrValue(s=(layer.normalization or layer.name).encode()),
-             FOUND_AS_ATTR: attr_value_pb2.AttrValue(s=(layer.found_as or layer.shown_kind).encode())}
+             Mark.LAYER.value: marks.value(layer.name),
+             Mark.FORM.value: marks.value(layer.shown_kind),
+             Mark.STATISTICS.value: marks.value(",".join(statistics)),
+             # the normalization the layer is part of (plan/normalizations.py), and how it was found
+             Mark.NORMALIZATION.value: marks.value(layer.normalization or layer.name),
+             Mark.FOUND_AS.value: marks.value(layer.found_as or layer.shown_kind)}
     with pristine_scope(graph, site.device, site.op.name + "_sync"):
         return create_op(graph, "IdentityN", tensors, attrs, MARK)
 
 
 def is_mark(op: tf.Operation) -> bool:
-    return op.type == "IdentityN" and op.name.endswith("_sync/" + MARK) and LAYER_ATTR in op.node_def.attr
+    return op.type == "IdentityN" and op.name.endswith("_sync/" + MARK) and marks.has(op, Mark.LAYER)
 
 
 def read(op: tf.Operation) -> tuple[str, str, dict]:
     """(layer name, form, {what: tensor}) of a mark."""
-    attrs = op.node_def.attr
-    names = attrs[NAMES_ATTR].s.decode().split(",")
-    return attrs[LAYER_ATTR].s.decode(), attrs[FORM_ATTR].s.decode(), dict(zip(names, op.inputs))
+    names = marks.text(op, Mark.STATISTICS).split(",")
+    return marks.text(op, Mark.LAYER), marks.text(op, Mark.FORM), dict(zip(names, op.inputs))
 
 
 def normalization_of(op: tf.Operation) -> tuple[str, str]:
     """(normalization name, how it was found) of a mark; a mark without them is its own layer."""
-    attrs = op.node_def.attr
     name, form, _ = read(op)
-    normalization = attrs[NORMALIZATION_ATTR].s.decode() if NORMALIZATION_ATTR in attrs else name
-    found_as = attrs[FOUND_AS_ATTR].s.decode() if FOUND_AS_ATTR in attrs else form
+    normalization = marks.text(op, Mark.NORMALIZATION) if marks.has(op, Mark.NORMALIZATION) else name
+    found_as = marks.text(op, Mark.FOUND_AS) if marks.has(op, Mark.FOUND_AS) else form
     return normalization, found_as

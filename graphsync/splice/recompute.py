@@ -24,7 +24,7 @@ recomputation is dead (its input is a gate's training side) and the copy passes 
 Each copy waits, by a control edge, for the gradient tensors its readers take besides the forward's
 (the incoming gradient), so it runs only once the backward has reached the layer; a copy whose
 reader's gradient input would itself depend on a copy is not made to wait for it (no cycle).
-Grappler keeps the copies apart from the forward: their control inputs and the `RECOMPUTED_ATTR`
+Grappler keeps the copies apart from the forward: their control inputs and the `Mark.RECOMPUTED`
 attribute make them different nodes to common-subexpression elimination (arithmetic optimizer and
 the graph optimizer's CSE), and the control edge is the only path from the gradient to the copy,
 so the dependency optimizer's transitive reduction keeps it.
@@ -42,18 +42,16 @@ import collections
 import dataclasses
 
 import tensorflow as tf
-from tensorflow.core.framework import attr_value_pb2
 
 from graphsync.graph import marks, tf_private
+from graphsync.graph.marks import Mark
 from graphsync.graph.reroute import reroute_consumers
 from graphsync.graph.tf_private import create_op, pristine_scope
 from graphsync.graph.backward import is_backward
 
 ACTIVATIONS = frozenset({"Relu", "Relu6", "LeakyRelu", "Elu", "Sigmoid", "Tanh", "Identity"})
 AFFINE = frozenset({"Mul", "AddV2", "Add", "BiasAdd", "Sub", "RealDiv"})   # with a per-channel operand
-RECOMPUTED_ATTR = marks.RECOMPUTED
-ROOTS_ATTR = "_graphsync_recompute_roots"   # on the op whose gradient recomputes (when_differentiated)
-_OWN_ATTRS = ("_graphsync_recompute_roots", "_graphsync_segment")   # what a copy must not inherit
+_TRIGGERS = {mark.value for mark in marks.TRIGGERS}   # what a copy must not inherit
 _SHAPE_TYPES = frozenset({"Shape", "ShapeN", "Size", "Rank"})
 # tf.gradients' scopes, and graphsync's synchronized backward (graphsync/splice/layer.py)
 _STATISTICS_DEPTH = 12   # ops between a synchronized statistic and the per-channel operand it becomes
@@ -90,17 +88,17 @@ def moments_roots(x: tf.Tensor, statistics: list) -> list:
 def defer(trigger: tf.Operation, roots: list) -> None:
     """For a layer rewritten before its gradients: `trigger`'s gradient function will recompute
     from `roots` (module docstring)."""
-    names = attr_value_pb2.AttrValue.ListValue(s=[op.name.encode() for op in roots])
-    tf_private.set_attr(trigger, ROOTS_ATTR, attr_value_pb2.AttrValue(list=names))
+    tf_private.set_attr(trigger, Mark.RECOMPUTE_ROOTS.value, marks.value(op.name.encode() for op in roots))
 
 
 def when_differentiated(trigger: tf.Operation) -> Recomputed:
     """Called by `trigger`'s gradient function: the gradient ops tf.gradients has built so far
     read copies (nothing when `trigger` carries no roots)."""
-    if ROOTS_ATTR not in trigger.node_def.attr:
+    if not marks.has(trigger, Mark.RECOMPUTE_ROOTS):
         return Recomputed()
     graph = trigger.graph
-    return recompute(graph, [graph.get_operation_by_name(name.decode()) for name in trigger.get_attr(ROOTS_ATTR)])
+    return recompute(graph, [graph.get_operation_by_name(name.decode())
+                             for name in marks.get(trigger, Mark.RECOMPUTE_ROOTS)])
 
 
 def recompute(graph: tf.Graph, roots: list) -> Recomputed:
@@ -136,8 +134,8 @@ def copy_ops(graph: tf.Graph, needed: list, wait: list, reads: list, suffix: str
     done, copies = Recomputed(), {}
     for op in needed:
         inputs = [copies.get(t.ref(), t) for t in op.inputs]
-        attrs = {k: v for k, v in op.node_def.attr.items() if k != "_class" and not k.startswith(_OWN_ATTRS)}
-        attrs[RECOMPUTED_ATTR] = attr_value_pb2.AttrValue(b=True)
+        attrs = {k: v for k, v in op.node_def.attr.items() if k != "_class" and k not in _TRIGGERS}
+        attrs[Mark.RECOMPUTED.value] = marks.value(True)
         with pristine_scope(graph, op.device, op.name + suffix), graph.control_dependencies(wait):
             copy = create_op(graph, op.type, inputs, attrs, op.type)
         copies.update((t.ref(), c) for t, c in zip(op.outputs, copy.outputs))

@@ -33,11 +33,11 @@ replaced by its nearest ancestors that always run: a dead control input would ki
 the segment computes from its checkpoints alone, and its batch norm's gradient reads last, gets a
 second copy for that reader, made when the backward reaches it (`_first_of_chains`). The copies are
 the same ops on the same inputs, so the step is bit for bit the step without recompute; their
-control inputs and `RECOMPUTED_ATTR` keep Grappler's common-subexpression elimination from merging
+control inputs and `Mark.RECOMPUTED` keep Grappler's common-subexpression elimination from merging
 them back.
 
 Gradients built after the rewrite: every layer of a segment carries the segment's roots, every
-later segment's roots and its members' triggers (`SEGMENT_ATTR`, `LATER_ATTR`, `MEMBERS_ATTR`); the
+later segment's roots and its members' triggers (`Mark.SEGMENT_ROOTS`, `SEGMENT_LATER`, `SEGMENT_MEMBERS`); the
 gradient function graphsync registered for each layer (the op tf.gradients reaches last in its
 backward) marks it reached, and the last of them recomputes the segment (`when_differentiated`):
 tf.gradients works in reverse topological order, so by then every gradient op reading the segment
@@ -49,16 +49,12 @@ import collections
 import math
 
 import tensorflow as tf
-from tensorflow.core.framework import attr_value_pb2
 
-from graphsync.graph import tf_private
+from graphsync.graph import marks, tf_private
+from graphsync.graph.marks import Mark
 from graphsync.graph.backward import is_backward, judge_again
-from graphsync.splice.recompute import RECOMPUTED_ATTR, Recomputed, copy_ops, downstream_of, incoming_gradients
+from graphsync.splice.recompute import Recomputed, copy_ops, downstream_of, incoming_gradients
 
-SEGMENT_ATTR = "_graphsync_segment_roots"   # on a segment's trigger: the roots its region starts from
-LATER_ATTR = "_graphsync_segment_later"     # … and every later segment's roots in the tower
-MEMBERS_ATTR = "_graphsync_segment_members"   # … and the triggers of every layer of the segment
-REACHED_ATTR = "_graphsync_segment_reached"   # set once tf.gradients has reached that trigger
 _SHAPE_TYPES = frozenset({"Shape", "ShapeN", "Size", "Rank"})
 _LOOP_TYPES = frozenset({"Enter", "RefEnter", "Exit", "RefExit", "NextIteration", "RefNextIteration",
                          "LoopCond"})
@@ -90,9 +86,9 @@ def place(graph: tf.Graph, towers: list) -> Recomputed:
             later = [op for _, r, _ in layers[end:] for op in r]
             triggers = [trigger for trigger, _, _ in members]
             for trigger in triggers:
-                _names(trigger, SEGMENT_ATTR, roots)
-                _names(trigger, LATER_ATTR, later)
-                _names(trigger, MEMBERS_ATTR, triggers)
+                _names(trigger, Mark.SEGMENT_ROOTS, roots)
+                _names(trigger, Mark.SEGMENT_LATER, later)
+                _names(trigger, Mark.SEGMENT_MEMBERS, triggers)
     return done
 
 
@@ -152,17 +148,18 @@ def when_differentiated(trigger: tf.Operation) -> Recomputed:
     """Called by `trigger`'s gradient function: once every layer of its segment has been reached
     (tf.gradients works in reverse topological order, so then every gradient op reading the
     segment exists), the segment is recomputed."""
-    if SEGMENT_ATTR not in trigger.node_def.attr:
+    if not marks.has(trigger, Mark.SEGMENT_ROOTS):
         return Recomputed()
     graph = trigger.graph
-    tf_private.set_attr(trigger, REACHED_ATTR, attr_value_pb2.AttrValue(b=True))
+    tf_private.set_attr(trigger, Mark.SEGMENT_REACHED.value, marks.value(True))
 
-    def ops(attr):
-        return [graph.get_operation_by_name(n.decode()) for n in trigger.get_attr(attr)]
-    if not all(REACHED_ATTR in op.node_def.attr for op in ops(MEMBERS_ATTR)):
+    def ops(mark):
+        return [graph.get_operation_by_name(n.decode()) for n in marks.get(trigger, mark)]
+    if not all(marks.has(op, Mark.SEGMENT_REACHED) for op in ops(Mark.SEGMENT_MEMBERS)):
         return Recomputed()
     judge_again(graph)   # the gradient ops built so far, judged with the whole graph
-    return recompute_region(graph, _reached(ops(SEGMENT_ATTR)) - _reached(ops(LATER_ATTR)), building=True)[0]
+    return recompute_region(graph, _reached(ops(Mark.SEGMENT_ROOTS)) - _reached(ops(Mark.SEGMENT_LATER)),
+                            building=True)[0]
 
 
 def recompute_region(graph: tf.Graph, region: set, after: set = frozenset(), building: bool = False) -> tuple:
@@ -242,7 +239,7 @@ def _reached(roots: list, claimed: frozenset = frozenset()) -> set:
                 continue
             for c in t.consumers():
                 if c not in seen and c not in claimed and c.device == op.device and not is_backward(c) \
-                        and RECOMPUTED_ATTR not in c.node_def.attr:
+                        and not marks.is_recomputed(c):
                     seen.add(c)
                     queue.append(c)
     return seen
@@ -363,6 +360,5 @@ def _size(t: tf.Tensor) -> int:
     return math.prod(1 if d is None else d for d in dims) * max(t.dtype.size, 1)
 
 
-def _names(op: tf.Operation, attr: str, ops: list) -> None:
-    names = attr_value_pb2.AttrValue.ListValue(s=[o.name.encode() for o in ops])
-    tf_private.set_attr(op, attr, attr_value_pb2.AttrValue(list=names))
+def _names(op: tf.Operation, mark: Mark, ops: list) -> None:
+    tf_private.set_attr(op, mark.value, marks.value(o.name.encode() for o in ops))

@@ -27,7 +27,8 @@ from tensorflow.core.framework import attr_value_pb2
 
 from graphsync.graph.reroute import reroute_consumers, reroute_control_outputs
 from graphsync.graph.tf_private import create_op, pristine_scope, update_input
-from graphsync.match.conditional import GATE_ATTR
+from graphsync.graph import marks
+from graphsync.graph.marks import Mark
 from graphsync.plan.data import LayerPlan, Site
 
 STAND_IN_GRADIENT = "GraphsyncConditionalStandIn"   # also in match.GRAPHSYNC_GRADIENTS: never differentiated
@@ -46,7 +47,7 @@ def _gate(graph, tensor: tf.Tensor, pred: tf.Tensor, branch: int, device: str) -
     with graph.device(None), graph.device(on):
         switch = create_op(graph, "Switch", [tensor, pred],
                            {"T": attr_value_pb2.AttrValue(type=tensor.dtype.as_datatype_enum),
-                            GATE_ATTR: attr_value_pb2.AttrValue(b=True)}, "gate")
+                            Mark.GATE.value: marks.value(True)}, "gate")
     taken = 1 if branch == 0 else 0   # Switch: output 1 is alive when pred is True
     return _Gate(switch.outputs[taken], switch.outputs[1 - taken])
 

@@ -258,11 +258,17 @@ def test_layers_keras_synchronizes_are_left_alone_and_said(tmp_path, api):
     assert max(error(arrays)) < SYNCED, error(arrays)
 
 
-def test_one_replica_is_said(tmp_path):
-    runs = _train(tmp_path, ["--api", "fit", "--devices", "1"], runs=("graphsync",))
+@pytest.mark.parametrize("strategy", tiers.cases(["MirroredStrategy", "OneDeviceStrategy"],
+                                                  ["mirrored", "one-device"], fast={"mirrored"}))
+def test_one_replica_is_said(tmp_path, strategy):
+    """One replica: its batch norms already see the whole batch. One line, the step one device's."""
+    runs = _train(tmp_path, ["--api", "fit", "--devices", "1"] + (["--one-device"] if strategy != "MirroredStrategy"
+                                                                   else []), runs=("graphsync",))
     result, arrays = runs["graphsync"]
     assert result.returncode == 0 and arrays is not None, result.stderr[-2000:]
-    assert any("one replica" in line for line in _lines(result.stderr)), result.stderr[-2000:]
+    lines = _lines(result.stderr)
+    assert len(lines) == 1 and f"one replica under {strategy}" in lines[0], result.stderr[-2000:]
+    assert max(error(arrays)) < SYNCED, error(arrays)
 
 
 MULTI_WORKER = {

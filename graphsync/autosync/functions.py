@@ -72,11 +72,24 @@ def _guard(decisions, graph, strategy, label: str) -> None:
         _failed_once(decisions, graph, message)
 
 
+def _said_once(decisions, line: str) -> None:
+    """A decision about a traced step, said once for all its traces. Counted as told every time:
+    the guard below it must stay quiet for each trace."""
+    if line in decisions._said_traces:
+        decisions.told += 1
+        return
+    decisions._said_traces.add(line)
+    decisions.say(line)
+
+
 def _failed_once(decisions, graph, message: str) -> None:
-    """A refusal of a traced step, said once for all its traces (--on-error warn runs on)."""
-    if message not in decisions._said_traces:
-        decisions._said_traces.add(message)
-        decisions.failed(graph, message)
+    """A refusal of a traced step, said once for all its traces (--on-error warn runs on), and
+    counted as told every time, as _said_once."""
+    if message in decisions._said_traces:
+        decisions.told += 1
+        return
+    decisions._said_traces.add(message)
+    decisions.failed(graph, message)
 
 
 def _decide(decisions, graph, strategy, label: str, trains: bool) -> None:
@@ -87,13 +100,13 @@ def _decide(decisions, graph, strategy, label: str, trains: bool) -> None:
                                        "use each replica's statistics; graphsync synchronizes MirroredStrategy steps")
         return
     if strategy is not None and strategy.num_replicas_in_sync == 1 and trains:
-        decisions.say(f"{label}: one replica under {kind}: its batch norms already see the whole batch")
+        _said_once(decisions, f"{label}: one replica under {kind}: its batch norms already see the whole batch")
         return
     if not trains and (strategy is not None or _on_several_devices(graph)):
         merged = _merged_by_the_model(graph)
         if merged:
-            decisions.say(f"{label}: left alone: its {merged} batch statistics are merged across replicas by the "
-                          "model itself (Keras' synchronized=True)")
+            _said_once(decisions, f"{label}: left alone: its {merged} batch statistics are merged across replicas "
+                                  "by the model itself (Keras' synchronized=True)")
             return
     options = dict(decisions.options)   # a TF1 server's TF_CONFIG logic (autosync/worker.py) is not a trace's
     if kind in MULTI_WORKER:

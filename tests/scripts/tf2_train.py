@@ -39,6 +39,7 @@ parser.add_argument("--save", metavar="DIR",
                          "inside the strategy's scope, and the trained model's predictions kept")
 parser.add_argument("--central", action="store_true",
                     help="CentralStorageStrategy (variables on the CPU, compute on --devices) instead of Mirrored")
+parser.add_argument("--one-device", action="store_true", help="OneDeviceStrategy on /cpu:0 (with --devices 1)")
 parser.add_argument("--evaluate", action="store_true",
                     help="model.evaluate on every example after training, under the strategy: its loss kept")
 parser.add_argument("--on-batch", action="store_true", help="train_on_batch per batch instead of fit")
@@ -227,7 +228,8 @@ if args.multiworker:
 elif args.devices >= 1:
     devices = [f"/cpu:{i}" for i in range(args.devices)]
     distributed = train(tf.distribute.experimental.CentralStorageStrategy(devices, parameter_device="/cpu:0")
-                        if args.central else tf.distribute.MirroredStrategy(devices))
+                        if args.central else tf.distribute.OneDeviceStrategy(devices[0]) if args.one_device
+                        else tf.distribute.MirroredStrategy(devices))
 else:
     distributed = None
 with tf.device("/cpu:0"):

@@ -24,6 +24,8 @@ from fixture_paths import (CHECKPOINT, FIXTURES, FORWARD, META1, META2, META4, M
 from cli.main import main
 from cli.shell import Progress
 
+pytestmark = pytest.mark.plumbing   # tiers.py: no kernel of its own
+
 tf1 = tf.compat.v1
 CONFIG = tf1.ConfigProto(device_count={"CPU": 4}, inter_op_parallelism_threads=2,
                          intra_op_parallelism_threads=1)

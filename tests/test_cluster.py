@@ -10,6 +10,8 @@ from graphsync import GraphsyncError, ProcessGroup
 from graphsync.between_graph import cluster, process_group
 from graphsync.graph import tf_private
 
+pytestmark = pytest.mark.plumbing   # tiers.py: no kernel of its own
+
 WORKERS = ["127.0.0.1:1001", "127.0.0.1:1002", "127.0.0.1:1003"]
 
 

@@ -32,6 +32,7 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.plumbing   # tiers.py: no kernel of its own
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
 PAGES = [README] + sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))

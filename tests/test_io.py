@@ -14,6 +14,8 @@ from fixture_paths import FIXTURES, META2, META4, META1, FORWARD, SAVEDMODEL, CH
 from graphsync import io as gio
 from graphsync.io import atomic
 
+pytestmark = pytest.mark.plumbing   # tiers.py: no kernel of its own
+
 tf1 = tf.compat.v1
 
 

@@ -4,6 +4,10 @@ they are cycles all the same, only deferred). Reads the source; imports nothing.
 import ast
 import pathlib
 
+import pytest
+
+pytestmark = pytest.mark.plumbing   # tiers.py: no kernel of its own
+
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "graphsync"
 
 # Bottom to top: a module may import from its own level and the levels below it.

@@ -22,6 +22,8 @@ import cluster as cl
 from test_between_graph import GRAPHSYNC_RUN, tf_config
 import tiers
 
+pytestmark = pytest.mark.plumbing   # tiers.py: no kernel of its own
+
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "between_graph_steps.py")
 HEARTBEAT = 3.0
 STEPS = 4

@@ -8,7 +8,11 @@ import glob
 import os
 import re
 
+import pytest
+
 import test_docs
+
+pytestmark = pytest.mark.plumbing   # tiers.py: no kernel of its own
 
 ROOT = test_docs.ROOT
 README = test_docs.README

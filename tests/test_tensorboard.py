@@ -30,6 +30,8 @@ import cluster
 from cli.main import main
 import tiers
 
+pytestmark = pytest.mark.plumbing   # tiers.py: no kernel of its own
+
 tf1 = tf.compat.v1
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURE = os.path.join(ROOT, "fixtures", "cifar10_2towers.meta")

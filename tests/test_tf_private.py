@@ -1,9 +1,12 @@
 """Pins every private TensorFlow API graphsync uses (graphsync/graph/tf_private.py): a TensorFlow upgrade
 that changes one of them fails here first, by name."""
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from graphsync.graph import tf_private
+
+pytestmark = pytest.mark.plumbing   # tiers.py: no kernel of its own
 
 tf1 = tf.compat.v1
 

@@ -6,12 +6,15 @@ A parametrized test keeps a few of its cases in the fast tier and marks the rest
     @pytest.mark.parametrize("model,sizes", tiers.cases(CASES, IDS, fast={"raw-v3-3x5x8", ...}))
 
 `kernels` marks the cases whose kernels differ without oneDNN (channels-first, float16, bfloat16):
-CI's pass without oneDNN runs them beside the fast tier.
+CI's pass without oneDNN runs them beside the fast tier. `plumbing` marks what computes nothing a
+kernel could change (processes, signals, the command line, files, docs, the lines said): that pass
+leaves it out.
 """
 import pytest
 
 full = pytest.mark.full
 kernels = pytest.mark.kernels
+plumbing = pytest.mark.plumbing
 
 
 def cases(values, ids, fast, kernel_ids=()):

@@ -2,7 +2,7 @@
 what an op is or how to find its partners, where a name could be mistaken for the user's, and it
 survives a saved graph (a leading underscore keeps TensorFlow from checking it against the op's
 registration). The stage that sets a mark and the stages that read it name it here, never by its
-string.
+string. Importing this imports no TensorFlow (`graphsync run` imports it before the script does).
 
     recompute and segments (graphsync/splice/recompute.py, segments.py)
         RECOMPUTED        a forward op copied to run late, in the backward: forward arithmetic,
@@ -26,9 +26,6 @@ string.
 from __future__ import annotations
 
 import enum
-
-import tensorflow as tf
-from tensorflow.core.framework import attr_value_pb2
 
 
 class Mark(enum.Enum):
@@ -71,21 +68,22 @@ TRIGGERS = (Mark.RECOMPUTE_ROOTS, Mark.SEGMENT_ROOTS, Mark.SEGMENT_LATER, Mark.S
             Mark.SEGMENT_REACHED)
 
 
-def has(op: tf.Operation, mark: Mark) -> bool:
+def has(op, mark: Mark) -> bool:
     return mark.value in op.node_def.attr
 
 
-def get(op: tf.Operation, mark: Mark):
+def get(op, mark: Mark):
     """The mark's value as TensorFlow gives it (bytes, int, list)."""
     return op.get_attr(mark.value)
 
 
-def text(op: tf.Operation, mark: Mark) -> str:
+def text(op, mark: Mark) -> str:
     return op.get_attr(mark.value).decode()
 
 
-def value(x) -> attr_value_pb2.AttrValue:
-    """An attribute value: a flag (bool), a number (int), a text (str) or a list of names (bytes)."""
+def value(x):
+    """An AttrValue: a flag (bool), a number (int), a text (str) or a list of names (bytes)."""
+    from tensorflow.core.framework import attr_value_pb2
     if isinstance(x, bool):
         return attr_value_pb2.AttrValue(b=x)
     if isinstance(x, int):
@@ -95,5 +93,5 @@ def value(x) -> attr_value_pb2.AttrValue:
     return attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(s=list(x)))
 
 
-def is_recomputed(op: tf.Operation) -> bool:
+def is_recomputed(op) -> bool:
     return has(op, Mark.RECOMPUTED)

@@ -33,7 +33,7 @@ import weakref
 import numpy as np
 import tensorflow as tf
 
-from graphsync.graph import marks, tf_private
+from graphsync.graph import by_type, marks, tf_private
 
 _KERNEL_SUFFIXES = ("Grad", "GradV2", "GradV3", "GradGrad")
 # op types that, in a graph holding a tensor of ones, say the ones may be a tape's seed
@@ -101,13 +101,12 @@ class _Backward:
     """The backward ops of one graph, found once, then extended by the ops added since."""
 
     def __init__(self, graph: tf.Graph):
-        ops = graph.get_operations()
         self.version = graph.version
-        self.seeds = _seeds(ops)
+        self.seeds = _seeds(graph)
         self.ops = _descendants(self.seeds)
         if self.ops:
             self._add_read_only_by_backward(self.ops)
-            stacks = _popped_stacks(ops) - self.ops
+            stacks = _popped_stacks(graph) - self.ops
             if stacks:
                 self.ops |= stacks
                 self._add_read_only_by_backward(stacks)
@@ -134,21 +133,16 @@ class _Backward:
         return self
 
 
-def _seeds(ops) -> list:
-    """The tensors of ones gradients start from (module docstring)."""
-    candidates, kernels, marks = [], [], []
-    for op in ops:   # one pass: an op's type is a call into TensorFlow
-        kind = op.type
-        if kind in _FILLS:
-            candidates.append(op)
-        elif kind == "Mean" or kind in _FUSED:
-            marks.append(op)
-        elif is_kernel_type(kind):
-            kernels.append(op)
-    candidates = [op for op in candidates if _is_ones(op)]
+def _seeds(graph: tf.Graph) -> list:
+    """The tensors of ones gradients start from (module docstring). The ops come grouped by type
+    (graph/by_type.py: an op's type is a call into TensorFlow, and the matchers group them anyway)."""
+    grouped = by_type.grouped(graph)
+    candidates = [op for kind in _FILLS for op in grouped.get(kind, ()) if _is_ones(op)]
+    marks = [op for kind in ("Mean",) + tuple(_FUSED) for op in grouped.get(kind, ())]
+    kernels = [op for kind, ops in grouped.items() if is_kernel_type(kind) for op in ops]
     if kernels:   # a tape's constant seed reaches a gradient kernel's type: without one, no constant is a seed
         reaching_kernels = _ancestors(kernels)
-        candidates += [op for op in ops if op.type == "Const" and op in reaching_kernels and _is_ones(op)]
+        candidates += [op for op in grouped.get("Const", ()) if op in reaching_kernels and _is_ones(op)]
     if not candidates:
         return []
     forward_reads = [t.op for k in kernels if k.type in _GRADIENT_INPUTS
@@ -165,16 +159,15 @@ def _forward_mark(op: tf.Operation) -> bool:
     return op.type in _FUSED and bool(op.get_attr("is_training"))
 
 
-def _popped_stacks(ops) -> set:
+def _popped_stacks(graph: tf.Graph) -> set:
     """A v1 while loop's gradient keeps the forward's values on a stack, pushed in the forward loop
     and popped in the backward's (even a value it then leaves unused): a stack something pops is
     the backward's, pushes included (read by nothing). Nothing else TensorFlow builds pops one."""
     found = set()
-    for op in ops:
-        if op.type == "StackV2":
-            users = _descendants([op])
-            if any(u.type == "StackPopV2" for u in users):
-                found |= users
+    for op in by_type.grouped(graph).get("StackV2", ()):
+        users = _descendants([op])
+        if any(u.type == "StackPopV2" for u in users):
+            found |= users
     return found
 
 

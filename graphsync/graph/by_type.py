@@ -25,6 +25,11 @@ def ops_of_types(graph: tf.Graph, types: Iterable[str]) -> list[tf.Operation]:
     return sorted(found, key=tf_private.creation_order)
 
 
+def grouped(graph: tf.Graph) -> dict:
+    """{op type: the graph's ops of it, in creation order}, up to date (read-only: shared)."""
+    return _by_type(graph)
+
+
 def _by_type(graph: tf.Graph) -> dict:
     """The grouping of `graph`'s ops, brought up to date with the ops created since it was made
     (a rewrite asks again after each of its stages: only the new ops are read)."""

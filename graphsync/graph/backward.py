@@ -140,14 +140,14 @@ def _seeds(graph: tf.Graph) -> list:
     candidates = [op for kind in _FILLS for op in grouped.get(kind, ()) if _is_ones(op)]
     marks = [op for kind in ("Mean",) + tuple(_FUSED) for op in grouped.get(kind, ())]
     kernels = [op for kind, ops in grouped.items() if is_kernel_type(kind) for op in ops]
-    if kernels:   # a tape's constant seed reaches a gradient kernel's type: without one, no constant is a seed
-        reaching_kernels = _ancestors(kernels)
-        candidates += [op for op in grouped.get("Const", ()) if op in reaching_kernels and _is_ones(op)]
-    if not candidates:
+    if not candidates and not kernels:   # a tape's constant seed reaches a gradient kernel's type
         return []
     forward_reads = [t.op for k in kernels if k.type in _GRADIENT_INPUTS
                      for i, t in enumerate(k.inputs) if i not in _GRADIENT_INPUTS[k.type]]
     forward = _ancestors([op for op in marks if _forward_mark(op)] + forward_reads)
+    if kernels:   # what reaches the kernels other than through the forward (whose constants are no seed)
+        reaching_kernels = _ancestors(kernels, beyond=forward)
+        candidates += [op for op in grouped.get("Const", ()) if op in reaching_kernels and _is_ones(op)]
     return [op for op in candidates if op not in forward]
 
 
@@ -177,10 +177,9 @@ def _read_only_by(op: tf.Operation, backward: set) -> bool:
     loss, which the script fetches, is read by nothing but its gradient's `Shape`. Nor does a
     forward op graphsync copied to run late for the backward (graph/marks.py): it is forward
     arithmetic, and recompute must tell it from the gradients it waits for."""
-    if marks.is_recomputed(op):
-        return False
     consumers = [c for t in op.outputs for c in t.consumers()]
-    return any(c.type not in _SHAPES for c in consumers) and all(c in backward for c in consumers)
+    return all(c in backward for c in consumers) and any(c.type not in _SHAPES for c in consumers) \
+        and not marks.is_recomputed(op)   # last: reading an op's attributes is the dearest
 
 
 def _is_ones(op: tf.Operation) -> bool:
@@ -198,14 +197,15 @@ def _all_ones(const: tf.Operation) -> bool:
     return value.size > 0 and bool(np.all(value == 1))
 
 
-def _ancestors(ops) -> set:
-    """`ops` and every op they read data from."""
-    found, stack = set(ops), list(ops)
+def _ancestors(ops, beyond=frozenset()) -> set:
+    """`ops` and every op they read data from, not reading on past the ops in `beyond`."""
+    found, stack = set(ops), [op for op in ops if op not in beyond]
     while stack:
         for t in stack.pop().inputs:
             if t.op not in found:
                 found.add(t.op)
-                stack.append(t.op)
+                if t.op not in beyond:
+                    stack.append(t.op)
     return found
 
 

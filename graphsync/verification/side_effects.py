@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from graphsync.errors import GraphsyncError
 from graphsync.graph import tf_private
+from graphsync.graph.executed import executed
 from graphsync.verification.discovery import Subject
 
 READS = "reads a file"
@@ -91,12 +92,12 @@ def find(subject: Subject) -> list[Reach]:
     initializers = [graph.get_operation_by_name(v.initializer) for v in subject.variables]
     fetches = [graph.get_tensor_by_name(n) for names in subject.fetched for n in names]
     inputs = {n for item in subject.inputs for n in item.tensors}
-    executed = _executed([t.op for t in initial_values], set())
-    executed |= _executed(initializers, {t.name for t in initial_values})
-    executed |= _executed([t.op for t in fetches if t.name not in inputs], inputs)
+    ran = executed([t.op for t in initial_values], set())
+    ran |= executed(initializers, {t.name for t in initial_values})
+    ran |= executed([t.op for t in fetches if t.name not in inputs], inputs)
     library = tf_private.function_library(graph)
     found, function_attrs = set(), {}   # op type → its function-typed attributes
-    for op in executed:
+    for op in ran:
         category = _category(op.type, op.node_def.attr if op.type in CONDITIONAL_TYPES else None,
                              _graph_constant(op))
         if category:
@@ -126,20 +127,6 @@ def check(subject: Subject, allowed: bool, which: str = "the graph") -> str | No
 def _listed(found: list[Reach]) -> str:
     shown = ", ".join(str(r) for r in found[:SHOWN])
     return shown + (f" and {len(found) - SHOWN} more" if len(found) > SHOWN else "")
-
-
-def _executed(roots: list, fed: set) -> set:
-    """The ops a run of `roots` executes: their ancestors through data and control edges, not past
-    a tensor in `fed` (a fed tensor's producer does not run for it)."""
-    seen, stack = set(), list(roots)
-    while stack:
-        op = stack.pop()
-        if op in seen:
-            continue
-        seen.add(op)
-        stack.extend(t.op for t in op.inputs if t.name not in fed)
-        stack.extend(op.control_inputs)
-    return seen
 
 
 def _in_functions(names: list, library: dict, caller: str) -> set:

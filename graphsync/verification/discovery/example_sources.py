@@ -13,6 +13,8 @@ import dataclasses
 
 import tensorflow as tf
 
+from graphsync.graph.executed import executed
+
 PLACEHOLDER_TYPES = ("Placeholder",)
 PIPELINE_TYPES = ("IteratorGetNext", "IteratorGetNextSync", "MultiDeviceIteratorGetNextFromShard",
                   "OptionalGetValue", "QueueDequeue", "QueueDequeueV2", "QueueDequeueMany", "QueueDequeueManyV2",
@@ -46,15 +48,7 @@ class Source:
 def needed(fetches: list, stop: set) -> set:
     """The ops the fetches depend on (data and control edges), not looking past tensors in `stop`
     (those fed anyway)."""
-    seen, stack = set(), [t.op for t in fetches]
-    while stack:
-        op = stack.pop()
-        if op in seen:
-            continue
-        seen.add(op)
-        stack.extend(t.op for t in op.inputs if t.name not in stop)
-        stack.extend(op.control_inputs)
-    return seen
+    return executed([t.op for t in fetches], stop)
 
 
 def find(needed_ops: set) -> list[Source]:

@@ -10,6 +10,7 @@ import hashlib
 import tensorflow as tf
 
 from graphsync import match
+from graphsync.errors import GraphsyncError
 from graphsync.graph import shapes, tf_private
 from graphsync.match.candidate import ConditionalParts, MomentsParts
 from graphsync.stats import Layout
@@ -129,6 +130,15 @@ class Plan:
             return []
         return [(op, why) for op, why in self.skipped
                 if isinstance(why, match.PerTower) and tower_of(op, self.towers) is not None]
+
+
+def check_gradient_calls(what: str, sites) -> None:
+    """Every tower of a layer must have been differentiated as often as the others: a layer's
+    backward is synchronized call by call (`what` names it in the refusal)."""
+    counts = {s.tower.label: len(s.grad_ops) for s in sites}
+    if len(set(counts.values())) > 1:
+        raise GraphsyncError(f"{what} has a different number of gradient calls per tower ({counts}): "
+                             "build gradients for every tower, or rewrite before building them")
 
 
 def fingerprints(plan: Plan) -> list[str]:

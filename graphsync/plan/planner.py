@@ -17,7 +17,7 @@ from graphsync.graph import by_type, order, shapes, tf_private
 from graphsync.match import hidden, unfollowed
 from graphsync.match.candidate import MomentsParts
 from graphsync.plan import left_alone, normalizations, reductions, rule, shared_tasks, training_flag
-from graphsync.plan.data import LayerPlan, MomentsGrad, Plan, Site
+from graphsync.plan.data import LayerPlan, MomentsGrad, Plan, Site, check_gradient_calls
 from graphsync.stats import Layout
 from graphsync.towers import names as tower_names
 from graphsync.towers import structure as tower_structure
@@ -387,11 +387,7 @@ def _layer_plan(name: str, per_tower, scopes) -> LayerPlan:
         layout = Layout.from_data_format(rank, first.get_attr("data_format").decode())
         avg = first.get_attr("exponential_avg_factor") if first.type == "FusedBatchNormV3" else 1.0
         epsilon = first.get_attr("epsilon")
-    counts = {s.tower.label: len(s.grad_ops) for s in sites}
-    if len(set(counts.values())) > 1:
-        raise GraphsyncError(
-            f"layer {name!r} has a different number of gradient calls per tower ({counts}): "
-            "build gradients for every tower, or rewrite before building them")
+    check_gradient_calls(f"layer {name!r}", sites)
     return LayerPlan(name, kind, sites, layout, epsilon, avg)
 
 

@@ -22,7 +22,7 @@ from graphsync.errors import GraphsyncError
 from graphsync.graph import tf_private
 from graphsync.match.reductions import const_axes
 from graphsync.plan import tower_dependent
-from graphsync.plan.data import LayerPlan, ReductionGrad, Site
+from graphsync.plan.data import LayerPlan, ReductionGrad, Site, check_gradient_calls
 from graphsync.stats import Layout
 from graphsync.towers import names as tower_names
 from graphsync.towers.scopes import tower_of
@@ -104,11 +104,7 @@ def _layer_plan(name: str, sites, scopes) -> LayerPlan | None:
     if any(g is None for g in grads):
         return None   # a Max/Min gradient whose count of ties cannot be found: refused
     planned = tuple(Site(t, op, tuple(g)) for (t, op), g in zip(sites, grads))
-    counts = {s.tower.label: len(s.grad_ops) for s in planned}
-    if len(set(counts.values())) > 1:
-        raise GraphsyncError(
-            f"reduction {name!r} ({first.name}) has a different number of gradient calls per tower ({counts}): "
-            "build gradients for every tower, or rewrite before building them")
+    check_gradient_calls(f"reduction {name!r} ({first.name})", planned)
     return LayerPlan(name, "reduction", planned, Layout(rank, const_axes(first.inputs[1], rank)), 0.0, 1.0)
 
 

@@ -58,3 +58,35 @@ def test_towers_on_one_device_are_told_apart_by_scope():
 def test_user_named_towers_and_aggregation_device():
     reports = _check(models.resnetish(), [4, 2], "gpu%d", towers=r"gpu\d+/", device="/cpu:3")
     assert reports[0].device == "/cpu:3"
+
+
+@pytest.mark.parametrize("form", ["fused", "by-hand"])
+def test_gradients_of_some_towers_only_are_refused_in_one_line(form):
+    """Tower 1 differentiated, tower 0 not: the layer's backward cannot be synchronized call by
+    call (plan/data.py check_gradient_calls). A batch norm written by hand is refused earlier, by
+    the rule: its tower-1 statistic is read back into examples whose gradient is taken, and no
+    layer of the plan covers it. One line either way, the graph untouched."""
+    import tensorflow as tf
+    tf1 = tf.compat.v1
+    graph = tf.Graph()
+    with graph.as_default():
+        losses = []
+        for i in range(2):
+            with tf1.device(f"/cpu:{i}"), tf.name_scope(f"tower_{i}"), \
+                    tf1.variable_scope("model", reuse=tf1.AUTO_REUSE):
+                x = tf1.placeholder(tf.float32, (None, 4, 4, 3), name="x")
+                h = tf1.layers.conv2d(x, 4, 3, padding="same", use_bias=False, name="conv")
+                if form == "fused":
+                    h = tf1.layers.batch_normalization(h, training=True, fused=True, name="bn")
+                else:
+                    mean, variance = tf.reduce_mean(h, [0, 1, 2]), tf.math.reduce_variance(h, [0, 1, 2])
+                    h = (h - mean) * tf.math.rsqrt(variance + 1e-3)
+                losses.append(tf.reduce_sum(tf.square(h)))
+        tf.gradients(losses[1], tf1.trainable_variables())
+        before = len(graph.get_operations())
+        with pytest.raises(graphsync.GraphsyncError) as raised:
+            graphsync.rewrite_towers(graph)
+    expected = {"fused": "layer 'model/bn/FusedBatchNormV3' has a different number of gradient calls per tower",
+                "by-hand": "tower_1/model/Mean (Mean) computes a batch statistic graphsync cannot synchronize"}
+    assert expected[form] in str(raised.value), raised.value
+    assert "\n" not in str(raised.value) and len(graph.get_operations()) == before

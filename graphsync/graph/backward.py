@@ -34,11 +34,12 @@ import numpy as np
 import tensorflow as tf
 
 from graphsync.graph import by_type, marks, tf_private
+from graphsync.graph.op_types import FUSED_BATCH_NORM_TYPES, SHAPE_TYPES
 
 _KERNEL_SUFFIXES = ("Grad", "GradV2", "GradV3", "GradGrad")
 # op types that, in a graph holding a tensor of ones, say the ones may be a tape's seed
 _KERNEL_TYPES = frozenset({"BroadcastGradientArgs", "SymbolicGradient", "StackPopV2"})
-_FUSED = frozenset({"FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3"})
+_FUSED = frozenset(FUSED_BATCH_NORM_TYPES)
 # where common kernels read the incoming gradient; their other inputs are forward values (a
 # ReLU's output, a convolution's input, a batch norm's x), which no gradient seed is an ancestor of
 _GRADIENT_INPUTS = {
@@ -53,7 +54,7 @@ _GRADIENT_INPUTS = {
     **dict.fromkeys(("Conv2DBackpropFilter", "Conv3DBackpropFilterV2", "DepthwiseConv2dNativeBackpropFilter"), (0, 2)),
 }
 _FILLS = frozenset({"Fill", "OnesLike"})
-_SHAPES = frozenset({"Shape", "ShapeN", "Size", "Rank"})
+_SHAPES = frozenset(SHAPE_TYPES)
 
 _known = weakref.WeakKeyDictionary()   # graph → _Backward, as of the graph version it last saw
 

@@ -5,8 +5,11 @@ COLLECTIVE_TYPES = ("CollectiveReduce", "CollectiveReduceV2", "CollectiveGather"
                     "CollectiveBcastSend", "CollectiveBcastRecv", "CollectiveBcastSendV2",
                     "CollectiveBcastRecvV2", "CollectiveAllToAllV2", "CollectiveReduceScatterV2")
 
-# Marks the ops of a cross-process exchange that are no collective (graphsync/exchange/queues.py):
-# a step that runs them waits for the other workers, as one with collectives does.
+# TensorFlow's fused batch norms, in training or inference mode (their gradients are *Grad types).
+FUSED_BATCH_NORM_TYPES = ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")
+
+# Ops that read only a tensor's shape, never its values: a gradient reads the forward's this way.
+SHAPE_TYPES = ("Shape", "ShapeN", "Size", "Rank")
 
 # Ops that assign a variable (ref or resource): moving-average updates, as the planner and verify see them.
 WRITE_TYPES = ("Assign", "AssignAdd", "AssignSub", "AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp")

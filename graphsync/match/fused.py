@@ -8,9 +8,10 @@ from __future__ import annotations
 import tensorflow as tf
 
 from graphsync.graph import by_type, tf_private
+from graphsync.graph.op_types import FUSED_BATCH_NORM_TYPES
 from graphsync.match.candidate import Candidate
 
-FUSED_TYPES = ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")
+FUSED_TYPES = FUSED_BATCH_NORM_TYPES
 STARTS = FUSED_TYPES   # the op types candidates() starts from (see match.starting_types)
 
 

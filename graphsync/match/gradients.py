@@ -10,8 +10,8 @@ import re
 import tensorflow as tf
 
 from graphsync.graph import tape
+from graphsync.graph.op_types import SHAPE_TYPES
 
-SHAPE_TYPES = ("Shape", "ShapeN", "Size", "Rank")
 _GRAD_SCOPE = re.compile(r"^(?P<call>(?:.*/)?gradients(?:_\d+)?)/(?P<forward>.+?)_grad/")
 
 

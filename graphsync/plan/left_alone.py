@@ -19,10 +19,11 @@ import tensorflow as tf
 
 from graphsync.errors import GraphsyncError
 from graphsync.graph.backward import is_backward
+from graphsync.graph.op_types import FUSED_BATCH_NORM_TYPES
 from graphsync.match.fused import made_by_graphsync
 from graphsync.towers.scopes import tower_of
 
-_FUSED = frozenset({"FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3"})
+_FUSED = frozenset(FUSED_BATCH_NORM_TYPES)
 _REDUCTIONS = frozenset({"Mean", "Sum"})
 _PASSING = frozenset({"Identity", "Reshape", "Squeeze", "ExpandDims", "StopGradient", "Cast", "Snapshot"})
 _LEFT_ON_PURPOSE = ("ghost", "per tower", "synchronized")

@@ -45,6 +45,7 @@ import tensorflow as tf
 
 from graphsync.graph import marks, tf_private
 from graphsync.graph.marks import Mark
+from graphsync.graph.op_types import SHAPE_TYPES
 from graphsync.graph.reroute import reroute_consumers
 from graphsync.graph.tf_private import create_op, pristine_scope
 from graphsync.graph.backward import is_backward
@@ -52,7 +53,7 @@ from graphsync.graph.backward import is_backward
 ACTIVATIONS = frozenset({"Relu", "Relu6", "LeakyRelu", "Elu", "Sigmoid", "Tanh", "Identity"})
 AFFINE = frozenset({"Mul", "AddV2", "Add", "BiasAdd", "Sub", "RealDiv"})   # with a per-channel operand
 _TRIGGERS = {mark.value for mark in marks.TRIGGERS}   # what a copy must not inherit
-_SHAPE_TYPES = frozenset({"Shape", "ShapeN", "Size", "Rank"})
+_SHAPE_TYPES = frozenset(SHAPE_TYPES)
 # tf.gradients' scopes, and graphsync's synchronized backward (graphsync/splice/layer.py)
 _STATISTICS_DEPTH = 12   # ops between a synchronized statistic and the per-channel operand it becomes
 

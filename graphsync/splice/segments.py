@@ -52,14 +52,15 @@ import tensorflow as tf
 
 from graphsync.graph import marks, tf_private
 from graphsync.graph.marks import Mark
+from graphsync.graph.op_types import FUSED_BATCH_NORM_TYPES, SHAPE_TYPES
 from graphsync.graph.backward import is_backward, judge_again
 from graphsync.splice.recompute import Recomputed, copy_ops, downstream_of, incoming_gradients
 
-_SHAPE_TYPES = frozenset({"Shape", "ShapeN", "Size", "Rank"})
+_SHAPE_TYPES = frozenset(SHAPE_TYPES)
 _LOOP_TYPES = frozenset({"Enter", "RefEnter", "Exit", "RefExit", "NextIteration", "RefNextIteration",
                          "LoopCond"})
 _BATCH_REDUCTIONS = frozenset({"Mean", "Sum", "Max", "Min", "Prod", "All", "Any", "EuclideanNorm"})
-_FUSED = frozenset({"FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3"})
+_FUSED = frozenset(FUSED_BATCH_NORM_TYPES)
 
 
 def place(graph: tf.Graph, towers: list) -> Recomputed:

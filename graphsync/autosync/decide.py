@@ -203,6 +203,15 @@ class GraphDecisions:
     def say(self, line: str) -> None:
         self._say(line)
 
+    def once(self, line: str, say) -> None:
+        """`say(line)` the first time only: a decision about a traced step holds for all its
+        traces. Counted as told every time, so the guard below the decision stays quiet."""
+        if line in self._said_traces:
+            self.told += 1
+            return
+        self._said_traces.add(line)
+        say(line)
+
     def synchronized(self, graph) -> bool:
         """Whether `graph` was rewritten here."""
         return graph in self._synchronized

@@ -69,44 +69,25 @@ def _guard(decisions, graph, strategy, label: str) -> None:
     message = (f"{label} trains batch norms in {replicas} replicas that graphsync leaves unsynchronized: each "
                "replica would normalize with its own examples")
     if replicas > 1 and _steps(graph):
-        _failed_once(decisions, graph, message)
-
-
-def _said_once(decisions, line: str) -> None:
-    """A decision about a traced step, said once for all its traces. Counted as told every time:
-    the guard below it must stay quiet for each trace."""
-    if line in decisions._said_traces:
-        decisions.told += 1
-        return
-    decisions._said_traces.add(line)
-    decisions.say(line)
-
-
-def _failed_once(decisions, graph, message: str) -> None:
-    """A refusal of a traced step, said once for all its traces (--on-error warn runs on), and
-    counted as told every time, as _said_once."""
-    if message in decisions._said_traces:
-        decisions.told += 1
-        return
-    decisions._said_traces.add(message)
-    decisions.failed(graph, message)
+        decisions.once(message, lambda line: decisions.failed(graph, line))
 
 
 def _decide(decisions, graph, strategy, label: str, trains: bool) -> None:
     from graphsync.graph import tf_private
     kind = type(strategy).__name__ if strategy is not None else None
     if kind in UNSUPPORTED and trains:
-        _failed_once(decisions, graph, f"{label} runs under {kind} ({UNSUPPORTED[kind]}): its batch norms would "
-                                       "use each replica's statistics; graphsync synchronizes MirroredStrategy steps")
+        decisions.once(f"{label} runs under {kind} ({UNSUPPORTED[kind]}): its batch norms would use each replica's "
+                       "statistics; graphsync synchronizes MirroredStrategy steps",
+                       lambda line: decisions.failed(graph, line))
         return
     if strategy is not None and strategy.num_replicas_in_sync == 1 and trains:
-        _said_once(decisions, f"{label}: one replica under {kind}: its batch norms already see the whole batch")
+        decisions.once(f"{label}: one replica under {kind}: its batch norms already see the whole batch", decisions.say)
         return
     if not trains and (strategy is not None or _on_several_devices(graph)):
         merged = _merged_by_the_model(graph)
         if merged:
-            _said_once(decisions, f"{label}: left alone: its {merged} batch statistics are merged across replicas "
-                                  "by the model itself (Keras' synchronized=True)")
+            decisions.once(f"{label}: left alone: its {merged} batch statistics are merged across replicas by the "
+                           "model itself (Keras' synchronized=True)", decisions.say)
             return
     options = dict(decisions.options)   # a TF1 server's TF_CONFIG logic (autosync/worker.py) is not a trace's
     if kind in MULTI_WORKER:

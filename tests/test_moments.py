@@ -114,3 +114,16 @@ def test_second_rewrite_of_a_moments_graph_changes_nothing():
     again = graphsync.rewrite_towers(built.graph)
     assert not again.changed and "already synchronized" in again.summary
     assert built.graph.as_graph_def() == before
+
+
+@pytest.mark.parametrize("model_key", ["seed", "mixed"])
+def test_gradients_the_script_names_itself_are_paired(model_key, monkeypatch):
+    """tf.gradients(…, name="tower_grads"): its gradient functions sit under `tower_grads/<op>_grad/`,
+    not `gradients/`; the moments' gradients are still paired (they were refused as "already built
+    by ops graphsync cannot pair"), and the step equals one device."""
+    plain = tf.gradients
+    monkeypatch.setattr(tf, "gradients", lambda *args, **kw: plain(*args, name="tower_grads", **kw))
+    errors, report, built = _errors(model_key, [3, 5], "after", tf.float32)
+    assert report.layers and all("tower_grads" in op.name for op in built.graph.get_operations()
+                                 if op.name.endswith("_grad/Neg")), report.summary
+    assert max(errors.values()) < TOLERANCE[tf.float32], errors

@@ -1,32 +1,62 @@
 """Finding the gradient calls through a forward op, and the gradient arriving at it: `tf.gradients`
-builds the gradient function of op F under `…/gradients[_N]/F_grad/…`; a GradientTape's are
-recorded as it builds them (graphsync/graph/tape.py). Which ops are in a backward at all is decided
-by structure (graphsync/graph/backward.py); this only pairs a gradient function's ops with the
-forward op they differentiate."""
+builds the gradient function of op F under `<call>/F_grad/…`, where `<call>` is its own name scope
+(`gradients`, `gradients_1`, or whatever `name=` the script gave it, inside the scope it was called
+in); a GradientTape's are recorded as it builds them (graphsync/graph/tape.py). Which ops are in a
+backward at all is decided by structure (graphsync/graph/backward.py); this only pairs a gradient
+function's ops with the forward op they differentiate."""
 from __future__ import annotations
-
-import re
 
 import tensorflow as tf
 
-from graphsync.graph import tape
+from graphsync.graph import tape, tf_private
 from graphsync.graph.op_types import SHAPE_TYPES
 
-_GRAD_SCOPE = re.compile(r"^(?P<call>(?:.*/)?gradients(?:_\d+)?)/(?P<forward>.+?)_grad/")
+_GRAD = "_grad/"
 
 
 def gradient_scopes(graph: tf.Graph) -> dict:
     """forward op name → {gradient call prefix → ops of its gradient function}, from the scopes
-    `tf.gradients` names after the op it differentiates."""
+    `tf.gradients` names after the op it differentiates (`gradient_call`)."""
+    ops = graph.get_operations()
+    names = [op.name for op in ops]
+    created = dict(zip(names, ops))
+    split: dict = {}    # the name up to a "_grad/" → (call, forward op) or None
     scopes: dict = {}
-    for op in graph.get_operations():
-        found = _GRAD_SCOPE.match(op.name)
-        if found:
-            scopes.setdefault(found.group("forward"), {}).setdefault(found.group("call"), []).append(op)
+    for op, name in zip(ops, names):
+        if _GRAD in name:
+            found = gradient_call(name, created, split)
+            if found is not None and tf_private.creation_order(found[1]) < tf_private.creation_order(op):
+                scopes.setdefault(found[1].name, {}).setdefault(found[0], []).append(op)
     for forward, calls in tape.recorded(graph).items():
-        for call, ops in calls.items():
-            scopes.setdefault(forward, {}).setdefault(call, []).extend(ops)
+        for call, ops_made in calls.items():
+            scopes.setdefault(forward, {}).setdefault(call, []).extend(ops_made)
     return scopes
+
+
+def gradient_call(name: str, ops_by_name: dict, cache: dict | None = None):
+    """(call, forward op) when `name` is in the scope `<call>/<forward>_grad/` tf.gradients gives
+    the gradient function of an op of the graph (`ops_by_name`); else None. The call's name is not
+    assumed (`name=` renames it): the prefix up to the last `_grad/` (the innermost gradient
+    function: an inlined tf.function's gradient body holds gradient calls of its own) ends in the
+    longest name of an op, below a non-empty call scope."""
+    path = name[:name.rfind(_GRAD)]
+    if not path:
+        return None
+    if cache is None:
+        return _split(path, ops_by_name)
+    if path not in cache:
+        cache[path] = _split(path, ops_by_name)
+    return cache[path]
+
+
+def _split(path: str, ops_by_name: dict):
+    cut = path.find("/")
+    while cut > 0:
+        forward = ops_by_name.get(path[cut + 1:])
+        if forward is not None:
+            return path[:cut], forward
+        cut = path.find("/", cut + 1)
+    return None
 
 
 def gradient_entry(grad_ops: list, forward_inputs) -> tf.Tensor | None:

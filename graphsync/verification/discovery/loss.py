@@ -19,11 +19,10 @@ import re
 import tensorflow as tf
 
 from graphsync.graph import backward
+from graphsync.match.gradients import gradient_call, gradient_scopes
 from graphsync.towers.scopes import Tower
 from graphsync.verification.discovery import names
 
-GRADIENT_SCOPE = re.compile(r"(^|/)gradients(_\d+)?/")
-_SEEDED = re.compile(r"^(?:.*/)?gradients(?:_\d+)?/(?P<forward>.+)_grad/[^/]+$")
 _COPIES = ("Identity", "Snapshot")
 _LOSS_NAMES = (("total_loss", re.compile(r"(^|/)total_loss$")),
                ("loss", re.compile(r"(^|/)loss$")),
@@ -92,29 +91,26 @@ def _differentiated(graph: tf.Graph) -> list[tf.Tensor]:
 
 def _differentiated_by_scope(graph: tf.Graph) -> list[tf.Tensor]:
     """The float scalars tf.gradients differentiated when its seed's shape is a constant (a scalar
-    loss): the seed is read by the gradient function of the loss's op, `<gradients scope>/<loss
-    op>_grad/…`; when the loss is a sum whose gradient makes no op (AddN, Identity), by its terms'
-    gradients instead, and the terms are followed down to the sum."""
-    seeded: dict[str, dict] = {}    # gradients scope → {tensor name: forward scalar it seeds}
-    for op in graph.get_operations():
-        if op.type != "Fill" or not GRADIENT_SCOPE.search(op.name) or tf.get_static_value(op.inputs[1]) != 1:
+    loss): the seed is read by the gradient function of the loss's op, `<gradients call>/<loss
+    op>_grad/…` (graphsync/match/gradients.py pairs them); when the loss is a sum whose gradient
+    makes no op (AddN, Identity), by its terms' gradients instead, and the terms are followed down
+    to the sum."""
+    ops_by_name = {op.name: op for op in graph.get_operations()}
+    seeded: dict[str, dict] = {}    # gradients call → {tensor name: forward scalar it seeds}
+    for seed in backward.seeds(graph):
+        if seed.type != "Fill":
             continue
-        for reader in op.outputs[0].consumers():
-            found = _SEEDED.match(reader.name)
-            if found is None:
-                continue
-            try:
-                forward = graph.get_operation_by_name(found.group("forward"))
-            except (KeyError, ValueError):
-                continue
-            if _float_scalar(forward):
-                seeded.setdefault(reader.name[:found.start("forward")], {})[forward.outputs[0].name] = forward.outputs[0]
+        for reader in seed.outputs[0].consumers():
+            found = gradient_call(reader.name, ops_by_name)
+            if found is not None and _float_scalar(found[1]):
+                call, forward = found
+                seeded.setdefault(call, {})[forward.outputs[0].name] = forward.outputs[0]
     if not seeded:
         return []
-    with_gradients = {op.name.rpartition("/")[0] for op in graph.get_operations() if GRADIENT_SCOPE.search(op.name)}
+    scopes = gradient_scopes(graph)
     found = {}
-    for scope, terms in seeded.items():
-        found.update(_summed(terms, scope, with_gradients))
+    for call, terms in seeded.items():
+        found.update(_summed(terms, call, scopes))
     return [found[n] for n in sorted(found)]
 
 
@@ -122,17 +118,17 @@ def _float_scalar(op: tf.Operation) -> bool:
     return bool(op.outputs) and op.outputs[0].dtype.is_floating and op.outputs[0].shape.rank == 0
 
 
-def _summed(terms: dict, scope: str, with_gradients: set) -> dict:
+def _summed(terms: dict, call: str, scopes: dict) -> dict:
     """The scalar the seeded `terms` sum to, when one sums all of them through ops whose gradient
-    made no op of its own in `scope` (AddN, Identity: the seed passes through to the terms);
+    made no op of its own in gradient call `call` (AddN, Identity: the seed passes through to the terms);
     else the terms themselves."""
     covers = {name: {name} for name in terms}
     tensors = dict(terms)
     pending = list(terms.values())
     while pending:
         for total in pending.pop().consumers():
-            if not _float_scalar(total) or total.outputs[0].name in covers or GRADIENT_SCOPE.search(total.name) \
-                    or total.name.startswith("graphsync/") or f"{scope}{total.name}_grad" in with_gradients:
+            if not _float_scalar(total) or total.outputs[0].name in covers or backward.is_backward(total) \
+                    or total.name.startswith("graphsync/") or call in scopes.get(total.name, {}):
                 continue
             inputs = [t for t in total.inputs if t.dtype.is_floating]
             if all(t.name in covers or tf.get_static_value(t) is not None for t in inputs):

@@ -71,7 +71,7 @@ def statistic_tensors(graph: tf.Graph) -> set:
     for op in graph.get_operations():
         if op.type in match.FUSED_TYPES and match.is_training(op):
             found.update(op.outputs[i].ref() for i in _STATISTIC_OUTPUTS)
-        elif (marks.exchanged(op) or (None, None))[1] == Direction.FORWARD:
+        elif _forward_exchange(op):
             found.update(t.ref() for t in op.outputs)
     for cand in match.candidates(graph):
         if cand.kind == "moments":
@@ -80,6 +80,12 @@ def statistic_tensors(graph: tf.Graph) -> set:
             outputs = cand.parts.outputs
             found.update(cand.op.outputs[outputs[i]].ref() for i in _STATISTIC_OUTPUTS if i in outputs)
     return found
+
+
+def _forward_exchange(op: tf.Operation) -> bool:
+    """Whether `op` carries a synchronized layer's statistics to the towers."""
+    exchanged = marks.exchanged(op)
+    return exchanged is not None and exchanged[1] is Direction.FORWARD
 
 
 def _reaches(value: tf.Tensor, sources: set, data: set, known_not: set) -> bool:

@@ -63,7 +63,7 @@ def exchange_traffic(built, x, t, batch_sizes, flag):
             if (node.node_name.startswith("graphsync/") or "Collective" in kind) and kind != "Const":
                 ops += 1
     towers = find_towers([op.name for op in built.graph.get_operations()])
-    layers, _ = trace.traffic(meta, batch_norm.synchronized_layers(built.graph, towers), towers)
+    layers, _ = trace.traffic(meta, batch_norm.synchronized_layers(built.graph, towers), trace.exchanges(built.graph))
     assert layers
     return ops, sum(layer.total for layer in layers)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from graphsync.exchange import library
+from graphsync.exchange import library, marking
 from graphsync.exchange.transports import Transport
 from graphsync.exchange.values import Synchronized
 from graphsync.exchange.views import sum_view, view
@@ -65,12 +65,14 @@ class AllReduce:
                 moments[2].set_shape([])
             s = Synchronized(n, total, moments[0], moments[1], None)
             out.append(view(graph, site, s, upload, spread, moments[2] if spread == "bessel" else None,
-                            **self._view_keys(r, i)))
+                            **self._view_keys(layer, site, r, i)))
         return out
 
-    def _view_keys(self, reduced, i):
-        """How a view's gradient (graphsync/exchange/views.py) finds tower i's group again."""
-        return dict(reduced.keys, member=self.groups[reduced.group].index(i))
+    def _view_keys(self, layer, site, reduced, i):
+        """How a view's gradient (graphsync/exchange/views.py) finds tower i's group again, and
+        the scope in tower i its sum goes under (a ps transport adds the gradient call's key)."""
+        return dict(reduced.keys, member=self.groups[reduced.group].index(i), layer=layer.name,
+                    gradient_scope=f"{site.op.name}_sync/backward_statistics")
 
     def sums(self, graph, layer, sites, values, tag, finish=None) -> list[list]:
         """Cross-tower sums of each tower's values, passed through `finish(sums, tower index, ops)`
@@ -83,7 +85,7 @@ class AllReduce:
         constants to the gradients (counts)."""
         out = []
         for i, (totals, reduced) in enumerate(self._sums(graph, layer, sites, values, tag)):
-            shared = sum_view(graph, sites[i], totals[0], values[i][0], **self._view_keys(reduced, i))
+            shared = sum_view(graph, sites[i], totals[0], values[i][0], **self._view_keys(layer, sites[i], reduced, i))
             with pristine_scope(graph, sites[i].device, f"{sites[i].op.name}_sync/unpack_{tag}"):
                 out.append([shared] + [tf.stop_gradient(t) for t in totals[1:]])
         return out
@@ -94,10 +96,10 @@ class AllReduce:
         out = []
         for i, r in enumerate(self.transport.reduce(graph, layer, sites, list(values), tag, merge=kind)):
             with pristine_scope(graph, sites[i].device, f"{sites[i].op.name}_sync/{tag}"), \
-                    graph.control_dependencies(r.peers):
+                    marking.exchange(graph, layer.name, tag), graph.control_dependencies(r.peers):
                 total = tf.identity(r.total, name="extremum")
             total.set_shape(values[i].shape)
-            out.append((total, self._view_keys(r, i)))
+            out.append((total, self._view_keys(layer, sites[i], r, i)))
         return out
 
     def _sums(self, graph, layer, sites, values, tag, finish=None) -> list[tuple]:

@@ -14,7 +14,7 @@ from tensorflow.core.framework import attr_value_pb2
 
 from graphsync.graph import marks
 from graphsync.graph.marks import Mark
-from graphsync.exchange import transports
+from graphsync.exchange import marking, transports
 from graphsync.exchange.transports import Reduced
 from graphsync.graph.tf_private import FastOps, create_op, pristine_scope
 from graphsync.graph.op_types import COLLECTIVE_TYPES
@@ -139,12 +139,13 @@ class Collectives:
             instance = self.keys.new()
             reduced = {}
             for i in members:
-                with pristine_scope(graph, sites[i].device, f"{sites[i].op.name}_sync/{tag}"):
+                with pristine_scope(graph, sites[i].device, f"{sites[i].op.name}_sync/{tag}"), \
+                        marking.exchange(graph, layer.name, tag):
                     reduced[i] = all_reduce(packed[i], len(members) * self.scale, self.group_keys[g], instance,
                                             ops=self.ops, timeout=self.timeout, merge=merge)
             first = sites[members[0]]
             with pristine_scope(graph, first.device, f"{first.op.name}_sync/{tag}"), \
-                    graph.control_dependencies([reduced[i].op for i in members]):
+                    marking.exchange(graph, layer.name, tag), graph.control_dependencies([reduced[i].op for i in members]):
                 barrier = tf.no_op(name="all_reduced")
             keys = dict(transport="collective", members=len(members) * self.scale, group_key=self.group_keys[g],
                         instance_key=instance, timeout_ms=round(self.timeout * 1000))
@@ -159,7 +160,6 @@ def _collective_gradient_sum(op, contribution, k):
     call joins the same one."""
     members, group_key, forward_key, timeout_ms = (marks.get(op, mark) for mark in (
         Mark.MEMBERS, Mark.GROUP_KEY, Mark.INSTANCE_KEY, Mark.TIMEOUT_MS))
-    site = op.name.rsplit("_sync/", 1)[0]
-    with pristine_scope(op.graph, op.device, f"{site}_sync/backward_statistics"):
+    with pristine_scope(op.graph, op.device, marking.gradient_scope(op)), marking.gradient_sum(op):
         return all_reduce(contribution, members, group_key, backward_key(op.graph, forward_key, k),
                           timeout=timeout_ms / 1000)

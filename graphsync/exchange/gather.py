@@ -4,12 +4,14 @@ activations.
 """
 from __future__ import annotations
 
+import contextlib
+
 import tensorflow as tf
 
 from graphsync.graph import marks
 from graphsync.graph.marks import Mark
 from graphsync import stats
-from graphsync.exchange import library, transports
+from graphsync.exchange import library, marking, transports
 from graphsync.exchange.values import Synchronized
 from graphsync.exchange.views import gathered_sum, sum_view, view
 from graphsync.graph.tf_private import FastOps, pristine_scope
@@ -30,10 +32,23 @@ class Gather:
         suffix = f"_group{g}" if len(self.groups) > 1 else ""
         return f"{AGGREGATION_SCOPE}/{layer.name}/{part}{suffix}"
 
+    @contextlib.contextmanager
+    def _aggregating(self, graph, layer, tag, g):
+        """On the aggregation device, in group g's scope for exchange `tag`, every op marked."""
+        with pristine_scope(graph, self.device, self._scope(layer, tag, g)), \
+                marking.exchange(graph, layer.name, tag, aggregation=True):
+            yield
+
+    def _view_keys(self, layer, tag, g, members, member):
+        """How a view's gradient finds group g's towers, and where its sum goes: beside the
+        forward's merge (graphsync/<layer>/backward_statistics…)."""
+        return dict(transport="gather", members=len(members), member=member, layer=layer.name,
+                    gradient_scope=self._scope(layer, tag.replace("forward", "backward_statistics", 1), g))
+
     def moments(self, graph, layer, sites, uploads, spread="m2") -> list[Synchronized]:
         out = [None] * len(sites)
         for g, members in enumerate(self.groups):
-            with pristine_scope(graph, self.device, self._scope(layer, "forward", g)):
+            with self._aggregating(graph, layer, "forward", g):
                 counts, total, mean, variance, bessel = _merged(
                     self.ops, *zip(*[uploads[i] for i in members]), spread=spread, epsilon=layer.residual_epsilon)
                 factor = None
@@ -45,7 +60,7 @@ class Gather:
                 out[i] = Synchronized(count, total, mean, variance, bessel)
                 if not layer.has_gradients:
                     out[i] = view(graph, sites[i], out[i], uploads[i], spread, factor,
-                                   transport="gather", members=len(members), member=member)
+                                  **self._view_keys(layer, "forward", g, members, member))
         return out
 
     def sums(self, graph, layer, sites, values, tag, finish=None) -> list[list]:
@@ -53,7 +68,7 @@ class Gather:
         on the aggregation device (once per group, with its first tower) when given."""
         out = [None] * len(sites)
         for g, members in enumerate(self.groups):
-            with pristine_scope(graph, self.device, self._scope(layer, tag, g)):
+            with self._aggregating(graph, layer, tag, g):
                 totals = [self.ops.add_n([values[i][j] for i in members]) for j in range(len(values[members[0]]))]
                 if finish is not None:
                     totals = finish(totals, members[0], self.ops)
@@ -66,10 +81,10 @@ class Gather:
         its gradient, built later, sums the towers' at run time; the other totals are constants
         to the gradients (counts)."""
         out = self.sums(graph, layer, sites, values, tag)
-        for members in self.groups:
+        for g, members in enumerate(self.groups):
             for member, i in enumerate(members):
-                shared = sum_view(graph, sites[i], out[i][0], values[i][0], transport="gather",
-                                  members=len(members), member=member)
+                shared = sum_view(graph, sites[i], out[i][0], values[i][0],
+                                  **self._view_keys(layer, tag, g, members, member))
                 with pristine_scope(graph, sites[i].device, sites[i].op.name + "_sync"):
                     out[i] = [shared] + [tf.stop_gradient(t) for t in out[i][1:]]
         return out
@@ -80,10 +95,10 @@ class Gather:
         out = [None] * len(sites)
         reduce = tf.reduce_max if kind == "Max" else tf.reduce_min
         for g, members in enumerate(self.groups):
-            with pristine_scope(graph, self.device, self._scope(layer, tag, g)):
+            with self._aggregating(graph, layer, tag, g):
                 total = reduce(tf.stack([values[i] for i in members]), 0, name="extremum")
             for member, i in enumerate(members):
-                out[i] = (total, dict(transport="gather", members=len(members), member=member))
+                out[i] = (total, self._view_keys(layer, tag, g, members, member))
         return out
 
 
@@ -91,9 +106,9 @@ class Gather:
 def _gathered_gradient_sum(op, contribution, k):
     """One AddN on the aggregation device, beside the forward's merge (graphsync/<layer>/backward_statistics…)."""
     merged = op.inputs[0]
-    scope, _, phase = merged.op.name.rpartition("/")[0].rpartition("/")
-    return gathered_sum(op, contribution, k, merged.name, merged.device,
-                        f"{scope}/{phase.replace('forward', 'backward_statistics', 1)}", marks.get(op, Mark.MEMBERS))
+    with marking.gradient_sum(op, aggregation=True):
+        return gathered_sum(op, contribution, k, merged.name, merged.device, marking.gradient_scope(op),
+                            marks.get(op, Mark.MEMBERS))
 
 
 def _merged(ops, sizes, means, spreads, residuals=(), spread="m2", epsilon=None):

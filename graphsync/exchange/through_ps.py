@@ -37,7 +37,7 @@ from graphsync.graph import marks
 from graphsync.graph.marks import Mark
 from graphsync.between_graph.process_group import ProcessGroup
 from graphsync.errors import GraphsyncError
-from graphsync.exchange import queues, transports
+from graphsync.exchange import marking, queues, transports
 from graphsync.exchange.transports import Reduced
 from graphsync.exchange.views import gathered_sum
 from graphsync.graph.tf_private import FastOps, pristine_scope
@@ -85,12 +85,13 @@ class PsQueues:
             first = sites[members[0]]
             scope = f"{first.op.name}_sync/{name}"
             local = packed[members[0]]
-            if len(members) > 1:
-                with pristine_scope(graph, first.device, scope):
-                    local = self.ops.add_n([packed[i] for i in members]) if merge == "Add" else \
-                        _LOCAL_EXTREMA[merge]([packed[i] for i in members])
-            total = queues.summed(graph, local, base, self._bases[base], self.process_group.index,
-                                  self.process_group.tasks, first.device, scope, merge)
+            with marking.exchange(graph, layer.name, name):
+                if len(members) > 1:
+                    with pristine_scope(graph, first.device, scope):
+                        local = self.ops.add_n([packed[i] for i in members]) if merge == "Add" else \
+                            _LOCAL_EXTREMA[merge]([packed[i] for i in members])
+                total = queues.summed(graph, local, base, self._bases[base], self.process_group.index,
+                                      self.process_group.tasks, first.device, scope, merge)
             keys = dict(transport="queues", members=len(members), queue=base, ps=self._bases[base],
                         worker=self.process_group.index, workers=self.process_group.tasks)
             for i in members:
@@ -117,10 +118,11 @@ def _queued_gradient_sum(op, contribution, k):
     base, ps = marks.text(op, Mark.QUEUE), marks.text(op, Mark.PS)
     members, worker, workers = (marks.get(op, mark) for mark in (Mark.MEMBERS, Mark.WORKER, Mark.WORKERS))
     key = "_".join(map(str, k)) if isinstance(k, tuple) else str(k)   # e.g. ("y", 0): the fused backward
-    scope = f"{op.name.rsplit('_sync/', 1)[0]}_sync/backward_statistics_{key}"
-    local = contribution if members == 1 else gathered_sum(op, contribution, k, base, op.device, scope, members)
+    scope = f"{marking.gradient_scope(op)}_{key}"
     totals = _gradient_totals.setdefault(op.graph, {})
-    if (base, k) not in totals:
-        totals[(base, k)] = queues.summed(op.graph, local, f"{base}/gradient_{key}", ps, worker, workers, op.device,
-                                          scope)
+    with marking.gradient_sum(op):
+        local = contribution if members == 1 else gathered_sum(op, contribution, k, base, op.device, scope, members)
+        if (base, k) not in totals:
+            totals[(base, k)] = queues.summed(op.graph, local, f"{base}/gradient_{key}", ps, worker, workers,
+                                              op.device, scope)
     return totals[(base, k)]

@@ -17,11 +17,18 @@ string. Importing this imports no TensorFlow (`graphsync run` imports it before 
         SPREAD, MEMBERS, MEMBER, GROUP_KEY, INSTANCE_KEY, TIMEOUT_MS, QUEUE, PS, WORKER, WORKERS,
         TRANSPORT         the name its gradient sum is registered under
         EXCHANGE          a ps queue's enqueue or dequeue of a synchronized step (between_graph/steps.py)
+        GRADIENT_SCOPE    on a view: the name scope its gradient's sum is built under (the transport's
+                          choice when the view was made; never worked out again from a name)
+    the exchange (graphsync/exchange/): on every op that carries a layer's statistics across towers
+        LAYER             the layer (LayerPlan.name): on the splice's other ops too (graphsync/splice/)
+        DIRECTION         "forward" (the statistics) or "backward" (their gradients' sums)
+        AGGREGATION       an op of a sync group's merge on its aggregation device (strategy gather):
+                          verify counts the bytes that cross to and from it
     the splice's other edits
         INLINED           a tf.function call graphsync/splice/inline.py inlined: it no longer runs
         GATE              a Switch graphsync/splice/stand_in.py puts before a rewritten If
     what `graphsync verify` reads (graphsync/splice/marks.py: the statistics each tower reads)
-        LAYER, FORM, STATISTICS, NORMALIZATION, FOUND_AS
+        STATISTICS (the mark of the statistics read, with LAYER), FORM, NORMALIZATION, FOUND_AS
 """
 from __future__ import annotations
 
@@ -48,10 +55,13 @@ class Mark(enum.Enum):
     WORKER = "_graphsync_worker"
     WORKERS = "_graphsync_workers"
     TRANSPORT = "_graphsync_transport"
+    GRADIENT_SCOPE = "_graphsync_gradient_scope"
     EXCHANGE = "_graphsync_exchange"
     INLINED = "_graphsync_inlined"
     GATE = "_graphsync_gate"
     LAYER = "_graphsync_layer"
+    DIRECTION = "_graphsync_direction"
+    AGGREGATION = "_graphsync_aggregation"
     FORM = "_graphsync_form"
     STATISTICS = "_graphsync_statistics"
     NORMALIZATION = "_graphsync_normalization"
@@ -66,6 +76,23 @@ class Mark(enum.Enum):
 # what a recomputed copy must not inherit from the op it copies: its own triggers are not the copy's
 TRIGGERS = (Mark.RECOMPUTE_ROOTS, Mark.SEGMENT_ROOTS, Mark.SEGMENT_LATER, Mark.SEGMENT_MEMBERS,
             Mark.SEGMENT_REACHED)
+
+
+# what an op of one layer's exchange carries (graphsync/exchange/marking.py)
+EXCHANGE_MARKS = (Mark.LAYER, Mark.DIRECTION, Mark.AGGREGATION)
+
+
+class Direction(enum.Enum):
+    """Which way an exchange carries a layer's numbers (`Mark.DIRECTION`)."""
+
+    FORWARD = "forward"     # the statistics, to every tower
+    BACKWARD = "backward"   # the sums of the towers' gradients at them
+
+    @classmethod
+    def of_tag(cls, tag: str) -> "Direction | None":
+        """The direction of an exchange the splice names by `tag` ("forward", "forward_ties",
+        "backward_0", …): how its ops are named and marked. None for a tag of neither."""
+        return next((d for d in cls if tag.startswith(d.value)), None)
 
 
 def has(op, mark: Mark) -> bool:
@@ -91,6 +118,20 @@ def value(x):
     if isinstance(x, str):
         return attr_value_pb2.AttrValue(s=x.encode())
     return attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(s=list(x)))
+
+
+def exchanged(op) -> "tuple[str, Direction] | None":
+    """(layer, direction) of an op that carries a layer's statistics or their gradients across
+    towers (graphsync/exchange/); None for every other op."""
+    if not has(op, Mark.DIRECTION):
+        return None
+    return text(op, Mark.LAYER), Direction(text(op, Mark.DIRECTION))
+
+
+def made_by_graphsync(op) -> bool:
+    """Whether graphsync's splice or exchange made `op` for a layer (a copy the recompute makes
+    of one included: it keeps its marks)."""
+    return has(op, Mark.LAYER)
 
 
 def is_recomputed(op) -> bool:

@@ -14,6 +14,8 @@ from tensorflow.python.client import _pywrap_tf_session as _c_api
 from tensorflow.python.framework import ops as _tf_ops
 from tensorflow.python.framework import traceable_stack as _traceable_stack
 
+from graphsync.graph.marks import EXCHANGE_MARKS, Mark
+
 
 def update_input(op: tf.Operation, index: int, tensor: tf.Tensor) -> None:
     """Rewires input `index` of `op` to `tensor` (TensorFlow checks shapes, not dtypes)."""
@@ -279,6 +281,9 @@ def create_op(graph: tf.Graph, op_type: str, inputs: list, attrs: dict, name: st
                 _c_api.TF_AddInput(description, group._as_tf_output())
         for key, value in attrs.items():
             _c_api.TF_SetAttrValueProto(description, key, value.SerializeToString())
+        for key, value in graph._attr_scope_map.items():   # `marked`: what Graph.create_op would add
+            if key not in attrs:
+                _c_api.TF_SetAttrValueProto(description, key, value.SerializeToString())
         try:
             c_op = _c_api.TF_FinishOperation(description)
         except tf.errors.InvalidArgumentError as e:
@@ -287,6 +292,25 @@ def create_op(graph: tf.Graph, op_type: str, inputs: list, attrs: dict, name: st
         op._gradient_function = graph._gradient_function_map.get(op_type)
         graph._record_op_seen_by_control_dependencies(op)
     return op
+
+
+@contextlib.contextmanager
+def marked(graph: tf.Graph, attrs: dict):
+    """Every op created inside carries `attrs` (attribute name → AttrValue; None: the attribute
+    is no longer given), what `Graph._attr_scope` does: the way a stage tags each op it makes
+    without passing the tag down every helper. `create_op`'s fast path sets them too."""
+    # pylint: disable=protected-access
+    saved = graph._attr_scope_map
+    graph._attr_scope_map = {name: value for name, value in {**saved, **attrs}.items() if value is not None}
+    try:
+        yield
+    finally:
+        graph._attr_scope_map = saved
+
+
+def marked_with(graph: tf.Graph, name: str) -> bool:
+    """Whether the ops created now get attribute `name` (`marked`)."""
+    return name in graph._attr_scope_map  # pylint: disable=protected-access
 
 
 def _static_device(graph: tf.Graph) -> str | None:
@@ -320,7 +344,8 @@ def _plain_context(graph: tf.Graph, op_type: str, inputs) -> bool:
     # pylint: disable=protected-access
     return not (graph._building_function   # a FuncGraph captures outer tensors in create_op
                 or graph._control_dependencies_for_inputs({t.op for t in inputs}) or len(graph._colocation_stack)
-                or graph._get_control_flow_context() is not None or graph._attr_scope_map
+                or graph._get_control_flow_context() is not None
+                or any(callable(value) for value in graph._attr_scope_map.values())
                 or graph._op_to_kernel_label_map or op_type in graph._gradient_override_map
                 or graph._container or graph._default_original_op is not None)
 
@@ -343,13 +368,16 @@ class FastOps:
 
     def constant(self, value, dtype, shape=None):
         """One constant per value, dtype, shape and device for the whole rewrite: those of the
-        aggregation in graphsync/constants/, those of a tower in the scope that first needs them.
-        With `shape`, a scalar value fills it (a splat: cheap to build whatever the size)."""
+        aggregation (`Mark.AGGREGATION`) in graphsync/constants/, unmarked: every layer's merge
+        reads them; those of a tower in the scope that first needs them. With `shape`, a scalar
+        value fills it (a splat: cheap to build whatever the size)."""
         key = (repr(value), tf.as_dtype(dtype).name, shape and tuple(shape), self._device())
         if key not in self._constants:
-            shared = self.graph.get_name_scope().startswith("graphsync/")
+            shared = marked_with(self.graph, Mark.AGGREGATION.value)
             with self.graph.control_dependencies(None), \
-                    self.graph.name_scope("graphsync/constants/") if shared else contextlib.nullcontext():
+                    self.graph.name_scope("graphsync/constants/") if shared else contextlib.nullcontext(), \
+                    marked(self.graph, dict.fromkeys(m.value for m in EXCHANGE_MARKS)) if shared \
+                    else contextlib.nullcontext():
                 self._constants[key] = tf.constant(value, dtype, shape=shape, name="constant")
         return self._constants[key]
 

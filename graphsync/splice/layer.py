@@ -41,6 +41,7 @@ class Spliced:
     segments: list = dataclasses.field(default_factory=list)   # recompute="segments": per tower (trigger, roots, differentiated)
 
 
+@marks.made_for_layer
 def splice_layer(graph: tf.Graph, layer: LayerPlan, exchange, recompute: str = "") -> Spliced:
     """Synchronizes one layer through `exchange` (see graphsync.exchange); returns what it made.
     With recompute "layers", the backward that exists reads the normalized output and the

@@ -9,15 +9,20 @@ value). Nothing reads the mark: no step runs it (TensorFlow runs only what a fet
 no gradient passes through it. Its attributes name the layer, its form, each input, and the
 normalization the layer is part of with how it was found (a batch norm written by hand is several
 reduction layers: graphsync/plan/normalizations.py; `normalization_of`).
+
+Every other op the splice makes for a layer carries the layer's name too (`made_for_layer`): verify
+leaves graphsync's own batch-norm ops out of the towers' by that mark, not by their `_sync` names.
 """
 from __future__ import annotations
+
+import functools
 
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
 from graphsync.graph import marks
 from graphsync.graph.marks import Mark
-from graphsync.graph.tf_private import create_op, pristine_scope
+from graphsync.graph.tf_private import create_op, marked, pristine_scope
 
 MARK = "statistics_read"
 
@@ -39,7 +44,17 @@ def mark(graph: tf.Graph, layer, site, **statistics: tf.Tensor) -> tf.Operation:
 
 
 def is_mark(op: tf.Operation) -> bool:
-    return op.type == "IdentityN" and op.name.endswith("_sync/" + MARK) and marks.has(op, Mark.LAYER)
+    return op.type == "IdentityN" and marks.has(op, Mark.STATISTICS)
+
+
+def made_for_layer(splice):
+    """Decorates splice(graph, layer, …): every op it makes carries `Mark.LAYER` (the exchange's
+    add their direction, graphsync/exchange/marking.py)."""
+    @functools.wraps(splice)
+    def marking_splice(graph: tf.Graph, layer, *args, **kwargs):
+        with marked(graph, {Mark.LAYER.value: marks.value(layer.name)}):
+            return splice(graph, layer, *args, **kwargs)
+    return marking_splice
 
 
 def read(op: tf.Operation) -> tuple[str, str, dict]:

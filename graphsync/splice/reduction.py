@@ -34,6 +34,7 @@ from graphsync.splice import marks, segments
 from graphsync.splice.layer import Spliced
 
 
+@marks.made_for_layer
 def splice_reduction(graph: tf.Graph, layer: LayerPlan, exchange) -> Spliced:
     """Synchronizes one planned reduction through `exchange` (see graphsync.exchange); returns
     what it made, as splice_layer does."""

@@ -43,7 +43,7 @@ class Figures:
     counts: dict                  # check → number of tensors compared
     batch_norm_running: list[str]  # per-tower batch-norm ops that executed
     batch_norm_ops: int            # per-tower batch-norm ops in the graph
-    layers: list[str]              # synchronized layers (graphsync/<layer>/ scopes)
+    layers: list[str]              # synchronized layers (the marks of their exchange)
     traffic: list[LayerTraffic]
     other_bytes: int               # every other cross-device edge (variables, feeds, gradients)
     rounding: dict | None = None   # check → change from reordering examples inside their towers

@@ -2,7 +2,9 @@
 bytes crossed devices for each synchronized layer.
 
 Cross-device edges are the `_Send` nodes of the partition graphs (one per tensor and receiving
-device); their sizes come from the step statistics of the ops that produced the tensors.
+device); their sizes come from the step statistics of the ops that produced the tensors. Which
+layer an op's bytes belong to, and in which direction, its marks say (graphsync/exchange/marking.py),
+not its name.
 """
 from __future__ import annotations
 
@@ -11,9 +13,8 @@ import re
 
 import tensorflow as tf
 
-
-_GATHERED = re.compile(r"^graphsync/(?P<layer>.+?)/(?P<phase>forward|backward)(?:_\d+)?[^/]*/")
-_ALL_REDUCED = re.compile(r"^(?P<layer>.+?)_sync/(?P<phase>forward|backward)(?:_\d+)?[^/]*/")
+from graphsync.graph import marks
+from graphsync.graph.marks import Mark
 
 
 @dataclasses.dataclass
@@ -46,15 +47,32 @@ class LayerTraffic:
         setattr(self, name, getattr(self, name) + size)
 
 
-def layer_of(name: str, towers) -> tuple[str, str] | None:
-    """(layer, "forward" or "backward") for an op graphsync added to exchange statistics: in its
-    aggregation scope graphsync/<layer>/…, or in a tower's <layer>_sync/forward|backward…/ scope."""
-    found = _GATHERED.match(name)
-    if found:
-        return found.group("layer"), found.group("phase")
-    prefix = max((t.prefix for t in towers if name.startswith(t.prefix)), key=len, default=None)
-    found = _ALL_REDUCED.match(name[len(prefix):]) if prefix is not None else None
-    return (found.group("layer"), found.group("phase")) if found else None
+@dataclasses.dataclass(frozen=True)
+class Exchanged:
+    """What the marks of one op of an exchange say (graphsync/graph/marks.py `exchanged`)."""
+
+    layer: str
+    direction: str       # "forward" or "backward"
+    aggregation: bool    # on a sync group's aggregation device (strategy gather)
+
+
+def exchanges(graph: tf.Graph) -> dict:
+    """Op name → Exchanged, for every op graphsync marked as carrying a layer's statistics or
+    their gradients across towers."""
+    found = {}
+    for op in graph.get_operations():
+        exchanged = marks.exchanged(op)
+        if exchanged is not None:
+            found[op.name] = Exchanged(exchanged[0], exchanged[1].value, marks.has(op, Mark.AGGREGATION))
+    return found
+
+
+def _exchanged(node: str, marked: dict) -> Exchanged | None:
+    """The marks of the graph op step statistics name `node` after: the op itself, or the call
+    TensorFlow inlined it from (`<call>/<node of the function>`, as the aggregation's merge)."""
+    while node not in marked and "/" in node:
+        node = node.rpartition("/")[0]
+    return marked.get(node)
 
 
 _INLINED_BRANCH = re.compile(r"/(?:then|else)/_\d+/")
@@ -107,29 +125,34 @@ def _edges(metadata):
             yield name, int(slot or 0), receivers.get(node.attr["tensor_name"].s, [])
 
 
-def traffic(metadata, layers: list[str], towers) -> tuple[list[LayerTraffic], int]:
+def traffic(metadata, layers: list[str], marked: dict) -> tuple[list[LayerTraffic], int]:
     """Per synchronized layer, the bytes it exchanges each step; and the bytes of every other
-    cross-device edge (variables, feeds, gradients, layer outputs)."""
+    cross-device edge (variables, feeds, gradients, layer outputs). `marked`: `exchanges` of the
+    graph that ran."""
     sizes = _output_bytes(metadata)
     per_layer = {layer: LayerTraffic(layer) for layer in layers}
     other = 0
+
+    def aggregated(node: str) -> Exchanged | None:
+        found = _exchanged(node, marked)
+        return found if found is not None and found.aggregation else None
+
     for name, slot, readers in _edges(metadata):
         size = sizes.get((name, slot), 0)
-        source = layer_of(name, towers) if name.startswith("graphsync/") else None
-        target = next((found for found in (layer_of(r, towers) for r in readers if r.startswith("graphsync/"))
-                       if found), None)
-        if source and source[0] in per_layer:
-            per_layer[source[0]].add(source[1], "down", size)
-        elif target and target[0] in per_layer:
-            per_layer[target[0]].add(target[1], "up", size)
+        source = aggregated(name)
+        target = next((found for found in map(aggregated, readers) if found), None)
+        if source and source.layer in per_layer:
+            per_layer[source.layer].add(source.direction, "down", size)
+        elif target and target.layer in per_layer:
+            per_layer[target.layer].add(target.direction, "up", size)
         else:
             other += size
     for dev in metadata.step_stats.dev_stats:
         for node in dev.node_stats:
             if not node.timeline_label.partition(" = ")[2].startswith("CollectiveReduce"):
                 continue
-            found = layer_of(node.node_name, towers)
-            if found and found[0] in per_layer:
+            found = _exchanged(node.node_name, marked)
+            if found and found.layer in per_layer:
                 size = sum(sizes.get((node.node_name, o.slot), 0) for o in node.output)
-                per_layer[found[0]].add(found[1], "reduced", size)
+                per_layer[found.layer].add(found.direction, "reduced", size)
     return list(per_layer.values()), other

@@ -44,7 +44,7 @@ def changes(drawn, others) -> dict:
 
 def figures_of(subject, drawn, exchanged: list, reordered: list, metadata) -> Figures:
     ran = trace.executed(metadata)
-    traffic, other = trace.traffic(metadata, subject.layers, subject.towers)
+    traffic, other = trace.traffic(metadata, subject.layers, trace.exchanges(subject.graph))
     traffic = _per_normalization(traffic, subject.layer_statistics)
     return Figures(
         **changes(drawn, exchanged),

@@ -5,18 +5,19 @@ from __future__ import annotations
 import tensorflow as tf
 
 from graphsync import match
-from graphsync.graph import order
+from graphsync.graph import marks, order
+from graphsync.graph.marks import Mark
 from graphsync.graph import tf_private
 from graphsync.plan.training_flag import predicate
 from graphsync.match import conditional
 from graphsync.towers.scopes import Tower, tower_of
-from graphsync.verification import trace
 
 
 def batch_norm_ops(graph: tf.Graph, towers: list[Tower]) -> list[str]:
     """Per-tower batch-norm ops that compute per-tower statistics: training-mode fused ops and
     their gradient ops, and the two Mean ops of `tf.nn.moments` over the batch axis (also once
-    graphsync rerouted them: their StopGradient then reads `<mean op>_sync/…`), in the order they run."""
+    graphsync rerouted them: their StopGradient then reads `<mean op>_sync/…`), in the order they run;
+    none graphsync made (its marks say which: graphsync/graph/marks.py)."""
     names = []
     for op in graph.get_operations():
         if op.type in match.FUSED_TYPES and match.is_training(op):
@@ -30,9 +31,9 @@ def batch_norm_ops(graph: tf.Graph, towers: list[Tower]) -> list[str]:
             hidden[f"{cand.name}/{cand.parts.node.name}"] = cand.name
             hidden.update({f"{grad.op.name}/{grad.node}": grad.op.name for grad in cand.parts.grads})
     names.extend(hidden)
-    return order.sort_names(graph, {n for n in names if tower_of(n, towers) is not None
-                                    and not n.startswith("graphsync/") and "_sync/" not in n and "_sync_grad_" not in n},
-                            lambda name: hidden.get(name, name))
+    towers_own = {n for n in names if tower_of(n, towers) is not None
+                  and not marks.made_by_graphsync(graph.get_operation_by_name(hidden.get(n, n)))}
+    return order.sort_names(graph, towers_own, lambda name: hidden.get(name, name))
 
 
 def training_flags(graph: tf.Graph, towers: list[Tower]) -> list[tf.Tensor]:
@@ -89,13 +90,13 @@ def _reduces_batch(op: tf.Operation) -> bool:
 
 
 def synchronized_layers(graph: tf.Graph, towers: list[Tower]) -> list[str]:
-    """The layers graphsync synchronized: from their aggregation scopes (graphsync/<layer>/…) or,
-    all-reduced, from the collectives in the towers' <layer>_sync/ scopes; in the order the first
-    tower runs them (by its layer op, which the rewrite leaves in the graph)."""
+    """The layers graphsync synchronized: from the marks of their aggregation (graphsync/<layer>/…)
+    or, all-reduced, of their collectives; in the order the first tower runs them (by its layer op,
+    which the rewrite leaves in the graph)."""
     layers = set()
     for op in graph.get_operations():
-        if op.name.startswith("graphsync/") or op.type.startswith("Collective"):
-            found = trace.layer_of(op.name, towers)
+        if marks.has(op, Mark.AGGREGATION) or op.type.startswith("Collective"):
+            found = marks.exchanged(op)
             if found:
                 layers.add(found[0])
     return order.sort_names(graph, layers, lambda layer: towers[0].prefix + layer)

@@ -13,8 +13,9 @@ A write's value comes from batch statistics when, walking up from it, one reache
                                 the mean and variance of every batch-norm form graphsync matches
                                 (tf.nn.moments, by hand, sufficient statistics, weighted, the
                                 outputs of a conditional batch norm's If)
-    a synchronized layer        any op of graphsync's aggregation (graphsync/<layer>/…) or of a
-                                tower's <layer>_sync/forward… scope
+    a synchronized layer        any op of the forward exchange of a layer graphsync synchronized
+                                (marked so: graphsync/exchange/marking.py), on its aggregation
+                                device (graphsync/<layer>/…) or in a tower (<layer>_sync/forward…)
 
 without passing through
 
@@ -32,17 +33,17 @@ from __future__ import annotations
 import tensorflow as tf
 
 from graphsync import match
-from graphsync.towers.scopes import Tower
-from graphsync.verification import trace
+from graphsync.graph import marks
+from graphsync.graph.marks import Direction
 
 _STATISTIC_OUTPUTS = (1, 2)   # a fused batch norm's batch mean and batch variance
 
 
-def split(graph: tf.Graph, writes: list, fed: set, towers: list[Tower]) -> tuple[list, list]:
+def split(graph: tf.Graph, writes: list, fed: set) -> tuple[list, list]:
     """(writes of batch statistics, other writes) among `writes`, the writes that depend on the
     tensors named in `fed`."""
     data = examples_reach(graph, fed)
-    sources = statistic_tensors(graph, towers)
+    sources = statistic_tensors(graph)
     known_not: set = set()
     statistics, others = [], []
     for write in writes:
@@ -64,16 +65,14 @@ def examples_reach(graph: tf.Graph, fed: set) -> set:
     return seen
 
 
-def statistic_tensors(graph: tf.Graph, towers: list[Tower]) -> set:
+def statistic_tensors(graph: tf.Graph) -> set:
     """References of the tensors that are batch statistics (see the module docstring)."""
     found = set()
     for op in graph.get_operations():
         if op.type in match.FUSED_TYPES and match.is_training(op):
             found.update(op.outputs[i].ref() for i in _STATISTIC_OUTPUTS)
-        elif op.name.startswith("graphsync/") or "_sync/" in op.name:
-            layer = trace.layer_of(op.name, towers)
-            if layer is not None and layer[1] == "forward":
-                found.update(t.ref() for t in op.outputs)
+        elif _forward_exchange(op):
+            found.update(t.ref() for t in op.outputs)
     for cand in match.candidates(graph):
         if cand.kind == "moments":
             found.update(t.ref() for op in (cand.op, cand.parts.variance) for t in op.outputs)
@@ -81,6 +80,12 @@ def statistic_tensors(graph: tf.Graph, towers: list[Tower]) -> set:
             outputs = cand.parts.outputs
             found.update(cand.op.outputs[outputs[i]].ref() for i in _STATISTIC_OUTPUTS if i in outputs)
     return found
+
+
+def _forward_exchange(op: tf.Operation) -> bool:
+    """Whether `op` carries a synchronized layer's statistics to the towers."""
+    exchanged = marks.exchanged(op)
+    return exchanged is not None and exchanged[1] is Direction.FORWARD
 
 
 def _reaches(value: tf.Tensor, sources: set, data: set, known_not: set) -> bool:

@@ -82,7 +82,7 @@ def discover(graph: tf.Graph, *, towers=None, inputs=None, loss=None, num_classe
     fed = {t for i in found_inputs for t in i.tensors} - set(flags)   # what the examples reach, not the flag
     downstream = state.downstream(graph, fed)
     loss_tensors, loss_source = _depending_loss(graph, loss_options, downstream, bool(loss), notes)
-    judged, others = statistics.split(graph, [w for w in writes if w.inputs[1].op in downstream], fed, found_towers)
+    judged, others = statistics.split(graph, [w for w in writes if w.inputs[1].op in downstream], fed)
     updates = [w.inputs[1].name for w in judged]
     if not (loss_tensors or gradients or updates):
         raise GraphsyncError("nothing to compare: found no loss, no optimizer and no moving statistics "

@@ -4,6 +4,8 @@ from __future__ import annotations
 import tensorflow as tf
 
 from graphsync.errors import GraphsyncError
+from graphsync.graph import marks
+from graphsync.graph.marks import Mark
 from graphsync.plan.planner import make_plan
 from graphsync.towers.scopes import ROOT, Tower, find_towers, tower_of
 
@@ -26,7 +28,7 @@ def find(graph: tf.Graph, towers) -> list[Tower]:
 
 def membership(graph: tf.Graph, towers: list[Tower]):
     """op → the tower whose model it belongs to, or None for what the towers share (input
-    splitting, gradient averaging, graphsync's aggregation).
+    splitting, gradient averaging, graphsync's aggregation: `Mark.AGGREGATION`).
 
     A tower with a name scope owns the ops in it. When the root is a tower (MirroredStrategy leaves
     replica 0 unscoped), it owns the root ops that have a counterpart in another tower (the same
@@ -42,7 +44,7 @@ def membership(graph: tf.Graph, towers: list[Tower]):
                 counterparts.add(op.name[len(tower.prefix):])
 
     def tower_of_op(op: tf.Operation) -> Tower | None:
-        if op.name.startswith("graphsync/"):
+        if marks.has(op, Mark.AGGREGATION):
             return None
         tower = tower_of(op.name, scoped)
         if tower is not None:

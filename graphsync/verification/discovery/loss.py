@@ -18,7 +18,7 @@ import re
 
 import tensorflow as tf
 
-from graphsync.graph import backward
+from graphsync.graph import backward, marks
 from graphsync.match.gradients import gradient_call, gradient_scopes
 from graphsync.towers.scopes import Tower
 from graphsync.verification.discovery import names
@@ -57,7 +57,7 @@ def _named(graph: tf.Graph, towers: list[Tower]) -> list[tuple[list[str], str]]:
     candidates = [op.outputs[0] for op in graph.get_operations()
                   if op.outputs and op.outputs[0].dtype.is_floating and op.outputs[0].shape.rank == 0
                   and op.type not in ("Const", "Placeholder", "PlaceholderWithDefault", "ReadVariableOp")
-                  and not backward.is_backward(op) and not op.name.startswith("graphsync/")]
+                  and not backward.is_backward(op) and not marks.made_by_graphsync(op)]
     by_relative: dict[str, dict] = {}
     at_root = []
     for candidate in candidates:
@@ -128,7 +128,7 @@ def _summed(terms: dict, call: str, scopes: dict) -> dict:
     while pending:
         for total in pending.pop().consumers():
             if not _float_scalar(total) or total.outputs[0].name in covers or backward.is_backward(total) \
-                    or total.name.startswith("graphsync/") or call in scopes.get(total.name, {}):
+                    or marks.made_by_graphsync(total) or call in scopes.get(total.name, {}):
                 continue
             inputs = [t for t in total.inputs if t.dtype.is_floating]
             if all(t.name in covers or tf.get_static_value(t) is not None for t in inputs):

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from graphsync.match.layer_form import LayerForm
+
 
 @dataclasses.dataclass(frozen=True)
 class LayerReport:
@@ -11,11 +13,15 @@ class LayerReport:
     layer, `reductions` naming them (the op in each tower is its first's; graphsync/plan/normalizations.py)."""
 
     name: str
-    kind: str
+    kind: LayerForm   # as shown: CONDITIONAL for a fused op behind a tensor training flag too
     tower_ops: tuple[str, ...]
     backward: str  # "rewritten" (gradient ops replaced) or "autodiff" (gradients built later)
-    found_as: str = ""   # "fused", "tf.nn.moments", "reductions: mean + mean + mean of squares", …
+    found_as: str = ""   # for display only: "fused", "tf.nn.moments", "reductions: mean + mean + mean of squares", …
     reductions: tuple[str, ...] = ()   # the reduction layers it was synchronized as (none: fused, moments)
+
+    def to_dict(self) -> dict:
+        """Plain data, the enums as their values (what JSON and TensorBoard show)."""
+        return {**dataclasses.asdict(self), "kind": self.kind.value}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,7 +68,7 @@ class RewriteReport:
             already = sum("already synchronized" in s.reason for s in self.skipped)
             why = f"{already} batch-norm ops already synchronized" if already else "no batch norm to synchronize"
             return f"nothing changed: {why} ({len(self.towers)} towers)"
-        kinds = sorted({layer.kind for layer in self.layers})
+        kinds = sorted({layer.kind.value for layer in self.layers})
         grads = "gradients rewritten" if any(l.backward == "rewritten" for l in self.layers) \
             else "gradients not built yet"
         groups = f" in {len(self.groups)} groups of {len(self.groups[0])}" if len(self.groups) > 1 else ""
@@ -75,7 +81,7 @@ class RewriteReport:
         return {"summary": self.summary, "towers": self.towers, "device": self.device,
                 "strategy": self.strategy, "groups": self.groups, "process_group": self.process_group,
                 "fingerprints": self.fingerprints, "inlined": self.inlined,
-                "layers": [dataclasses.asdict(l) for l in self.layers],
+                "layers": [l.to_dict() for l in self.layers],
                 "skipped": [dataclasses.asdict(s) for s in self.skipped],
                 "edges_moved": self.edges_moved, "grad_ops_replaced": self.grad_ops_replaced,
                 "recompute": self.recompute, "recomputed": self.recomputed,
@@ -88,7 +94,7 @@ class RewriteReport:
             kinds = max(6, max(len(l.kind) for l in self.layers))
             lines.append(f"  {'layer':<{width}}  {'kind':<{kinds}}  backward   towers")
             for l in self.layers:
-                row = f"  {l.name:<{width}}  {l.kind:<{kinds}}  {l.backward:<9}  {len(l.tower_ops)}"
+                row = f"  {l.name:<{width}}  {l.kind.value:<{kinds}}  {l.backward:<9}  {len(l.tower_ops)}"
                 lines.append(f"{row}  {l.found_as}" if l.reductions else row)
                 lines.extend(f"    {r}" for r in listed_reductions(l.name, l.reductions))
         if self.recompute:

@@ -47,10 +47,10 @@ def splice_layer(graph: tf.Graph, layer: LayerPlan, exchange, recompute: str = "
     elementwise ops after it recomputed (graphsync/splice/recompute.py); with "segments", what a
     segment starting at this layer would recompute from is returned (graphsync/splice/segments.py)."""
     count = Spliced()
-    if layer.kind == "conditional":
+    if layer.form.in_branches:
         layer, count.edges = stand_in.stand_in(graph, layer)
     count.layer = layer
-    if layer.kind == "fused":
+    if layer.form.fused_kernel:
         uploads = []
         for site in layer.sites:
             op = site.op

@@ -23,7 +23,7 @@ from graphsync.plan.data import Plan, digest, fingerprints
 from graphsync.plan import moving_updates, rule
 from graphsync.plan.normalizations import normalizations
 from graphsync.plan.planner import make_plan, recompute_mode
-from graphsync.report import LayerReport, RewriteReport, SkippedReport
+from graphsync.report import Backward, LayerReport, RewriteReport, SkippedReport
 
 _rewritten_graphs = weakref.WeakSet()   # every graph rewrite_towers changed (see was_rewritten)
 tape.record_always()   # a step the script traces itself is paired as under graphsync run (graph/tape.py)
@@ -149,7 +149,7 @@ def _layer_reports(layers) -> list[LayerReport]:
         first = members[0]
         reports.append(LayerReport(
             name, first.shown_kind, tuple(s.op.name for s in first.sites),
-            "rewritten" if any(layer.has_gradients for layer in members) else "autodiff", first.found_as,
+            Backward.REWRITTEN if any(layer.has_gradients for layer in members) else Backward.AUTODIFF, first.found_as,
             tuple(layer.name for layer in members) if first.form.reduces else ()))
     return reports
 

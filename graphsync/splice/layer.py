@@ -56,7 +56,7 @@ def splice_layer(graph: tf.Graph, layer: LayerPlan, exchange, recompute: str = "
             op = site.op
             with pristine_scope(graph, site.device, op.name + "_sync"), graph.control_dependencies(op.control_inputs):
                 uploads.append(fused.kernel_moments(graph, op, exchange.ops))
-        statistics = exchange.moments(graph, layer, layer.sites, uploads, spread="bessel")
+        statistics = exchange.moments(graph, layer, layer.sites, uploads, spread=stats.Spread.BESSEL)
         scales = [fused.forward_read(graph, site.op.inputs[1], site.device, site.op.name + "_sync")
                   for site in layer.sites]
         roots = [recomputation.fused_roots(_fused_forward(graph, layer, site, s, scale, count))

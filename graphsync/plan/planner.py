@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from graphsync import batch_axis, match
 from graphsync.graph.backward import is_backward
+from graphsync.batch_axis.findings import Crossing
 from graphsync.errors import GraphsyncError, NoTowersError
 from graphsync.graph import by_type, order, shapes, tf_private
 from graphsync.match import hidden, unfollowed
@@ -249,7 +250,7 @@ def _calls_with_statistics(analysis) -> list:
     hiding a batch norm, so that the rule sees it in the main graph and plan/reductions.py
     synchronizes it as if written without tf.function. Calls that only carry the batch (gelu,
     swish) are left alone."""
-    found = [op for op, crossed in analysis.cross.items() if crossed.how == "body" and op.type in hidden.CALL_TYPES]
+    found = [op for op, crossed in analysis.cross.items() if crossed.how is Crossing.BODY and op.type in hidden.CALL_TYPES]
     found += [op for op in analysis.bodies if op.type in hidden.CALL_TYPES and _imported(op)]
     return sorted({op for op in found if not hidden.is_inlined(op)}, key=tf_private.creation_order)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from graphsync import match
+from graphsync.batch_axis.findings import Crossing
 from graphsync.errors import GraphsyncError
 from graphsync.graph import tf_private
 from graphsync.match.layer_form import LayerForm
@@ -68,7 +69,7 @@ def synchronizable(op: tf.Operation, analysis) -> bool:
     """Whether the splice can synchronize `op`: a full reduction over the batch (not ghost), of a
     float32/64 tensor of known rank over constant axes, outside control flow."""
     crossed = analysis.cross.get(op)
-    if crossed is None or crossed.how != "reduce" or crossed.partial or op.type not in TYPES:
+    if crossed is None or crossed.how is not Crossing.REDUCE or crossed.partial or op.type not in TYPES:
         return False
     x = op.inputs[0]
     if x.dtype.base_dtype not in _DTYPES or x.shape.rank is None or x.shape.rank == 0:

@@ -16,7 +16,7 @@ class Backward(enum.StrEnum):
 
 @dataclasses.dataclass(frozen=True)
 class LayerReport:
-    """One synchronized layer (a normalization): its tower-independent name, op kind, and the op in
+    """One synchronized layer (a normalization): its tower-independent name, form (`kind`), and the op in
     each tower; a batch norm written by hand that is synchronized as several reductions is one
     layer, `reductions` naming them (the op in each tower is its first's; graphsync/plan/normalizations.py)."""
 

@@ -55,9 +55,9 @@ def _inspection(loaded, plan, n_ops: int, inlined: list) -> dict:
         first = members[0]
         reductions = [{"name": layer.name, "gradients": layer.has_gradients,
                        "grad_ops_per_tower": len(layer.sites[0].grad_ops), "sites": _sites(layer)}
-                      for layer in members] if first.kind == "reduction" else []
+                      for layer in members] if first.form.reduces else []
         layers.append({
-            "name": name, "kind": first.shown_kind, "found_as": first.found_as, "synchronize": True,
+            "name": name, "kind": first.shown_kind.value, "found_as": first.found_as, "synchronize": True,
             "gradients": any(layer.has_gradients for layer in members),
             "grad_ops_per_tower": sum(len(layer.sites[0].grad_ops) for layer in members),
             "sites": _sites(first), "reductions": reductions})

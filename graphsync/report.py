@@ -2,20 +2,34 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
+
+from graphsync.match.layer_form import LayerForm
+
+
+class Backward(enum.StrEnum):
+    """How a synchronized layer's backward was synchronized: its value is what reports print."""
+
+    REWRITTEN = "rewritten"   # its gradient ops were replaced
+    AUTODIFF = "autodiff"     # gradients built later differentiate the synchronized forward
 
 
 @dataclasses.dataclass(frozen=True)
 class LayerReport:
-    """One synchronized layer (a normalization): its tower-independent name, op kind, and the op in
+    """One synchronized layer (a normalization): its tower-independent name, form (`kind`), and the op in
     each tower; a batch norm written by hand that is synchronized as several reductions is one
     layer, `reductions` naming them (the op in each tower is its first's; graphsync/plan/normalizations.py)."""
 
     name: str
-    kind: str
+    kind: LayerForm   # as shown: CONDITIONAL for a fused op behind a tensor training flag too
     tower_ops: tuple[str, ...]
-    backward: str  # "rewritten" (gradient ops replaced) or "autodiff" (gradients built later)
-    found_as: str = ""   # "fused", "tf.nn.moments", "reductions: mean + mean + mean of squares", …
+    backward: Backward
+    found_as: str = ""   # for display only: "fused", "tf.nn.moments", "reductions: mean + mean + mean of squares", …
     reductions: tuple[str, ...] = ()   # the reduction layers it was synchronized as (none: fused, moments)
+
+    def to_dict(self) -> dict:
+        """Plain data, the enums as their values (what JSON and TensorBoard show)."""
+        return {**dataclasses.asdict(self), "kind": self.kind.value, "backward": self.backward.value}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,8 +76,8 @@ class RewriteReport:
             already = sum("already synchronized" in s.reason for s in self.skipped)
             why = f"{already} batch-norm ops already synchronized" if already else "no batch norm to synchronize"
             return f"nothing changed: {why} ({len(self.towers)} towers)"
-        kinds = sorted({layer.kind for layer in self.layers})
-        grads = "gradients rewritten" if any(l.backward == "rewritten" for l in self.layers) \
+        kinds = sorted({layer.kind.value for layer in self.layers})
+        grads = "gradients rewritten" if any(l.backward is Backward.REWRITTEN for l in self.layers) \
             else "gradients not built yet"
         groups = f" in {len(self.groups)} groups of {len(self.groups[0])}" if len(self.groups) > 1 else ""
         layers = f"{len(self.layers)} layer{'s' if len(self.layers) != 1 else ''}"
@@ -75,7 +89,7 @@ class RewriteReport:
         return {"summary": self.summary, "towers": self.towers, "device": self.device,
                 "strategy": self.strategy, "groups": self.groups, "process_group": self.process_group,
                 "fingerprints": self.fingerprints, "inlined": self.inlined,
-                "layers": [dataclasses.asdict(l) for l in self.layers],
+                "layers": [l.to_dict() for l in self.layers],
                 "skipped": [dataclasses.asdict(s) for s in self.skipped],
                 "edges_moved": self.edges_moved, "grad_ops_replaced": self.grad_ops_replaced,
                 "recompute": self.recompute, "recomputed": self.recomputed,
@@ -88,7 +102,7 @@ class RewriteReport:
             kinds = max(6, max(len(l.kind) for l in self.layers))
             lines.append(f"  {'layer':<{width}}  {'kind':<{kinds}}  backward   towers")
             for l in self.layers:
-                row = f"  {l.name:<{width}}  {l.kind:<{kinds}}  {l.backward:<9}  {len(l.tower_ops)}"
+                row = f"  {l.name:<{width}}  {l.kind.value:<{kinds}}  {l.backward.value:<9}  {len(l.tower_ops)}"
                 lines.append(f"{row}  {l.found_as}" if l.reductions else row)
                 lines.extend(f"    {r}" for r in listed_reductions(l.name, l.reductions))
         if self.recompute:

@@ -23,7 +23,7 @@ from graphsync.plan.data import Plan, digest, fingerprints
 from graphsync.plan import moving_updates, rule
 from graphsync.plan.normalizations import normalizations
 from graphsync.plan.planner import make_plan, recompute_mode
-from graphsync.report import LayerReport, RewriteReport, SkippedReport
+from graphsync.report import Backward, LayerReport, RewriteReport, SkippedReport
 
 _rewritten_graphs = weakref.WeakSet()   # every graph rewrite_towers changed (see was_rewritten)
 tape.record_always()   # a step the script traces itself is paired as under graphsync run (graph/tape.py)
@@ -109,7 +109,7 @@ def _rewrite(graph, towers, device, strategy, group_size, process_group, recompu
     per_tower = {}   # recompute="segments": each tower's layers, in forward order
     version = graph.version   # the ops created from here on are the splice's
     for layer in plan.layers:
-        made = reduction.splice_reduction(graph, layer, exchange) if layer.kind == "reduction" else \
+        made = reduction.splice_reduction(graph, layer, exchange) if layer.form.reduces else \
             splice.splice_layer(graph, layer, exchange, recompute=plan.recompute)
         spliced.append(made.layer)
         for site, entry in zip(made.layer.sites if made.layer else (), getattr(made, "segments", ())):
@@ -129,7 +129,7 @@ def _rewrite(graph, towers, device, strategy, group_size, process_group, recompu
     _say_undecided(plan.cross_example)
     _say_repeated_updates(moving_updates.repeated(moving_writes))
     if plan.recompute:
-        report.recompute_deferred = sum(not layer.has_gradients and layer.kind != "reduction"
+        report.recompute_deferred = sum(not layer.has_gradients and layer.form.recomputes
                                         for layer in plan.layers)   # a reduction has nothing to recompute
     if report.changed:
         _rewritten_graphs.add(graph)
@@ -149,8 +149,8 @@ def _layer_reports(layers) -> list[LayerReport]:
         first = members[0]
         reports.append(LayerReport(
             name, first.shown_kind, tuple(s.op.name for s in first.sites),
-            "rewritten" if any(layer.has_gradients for layer in members) else "autodiff", first.found_as,
-            tuple(layer.name for layer in members) if first.kind == "reduction" else ()))
+            Backward.REWRITTEN if any(layer.has_gradients for layer in members) else Backward.AUTODIFF, first.found_as,
+            tuple(layer.name for layer in members) if first.form.reduces else ()))
     return reports
 
 
@@ -254,12 +254,6 @@ def _check(spliced: list) -> None:
     `spliced`: the layers splice_layer synchronized (a conditional layer's stand-ins)."""
     for layer in spliced:
         for site in layer.sites:
-            if layer.kind == "moments":
-                old = [(op, op.outputs[:1]) for op in (site.op, site.parts.variance)]
-            elif layer.kind == "reduction":
-                old = [(site.op, site.op.outputs)]
-            else:   # the fused op's reserve spaces stay read by its (dead) gradient ops
-                old = [(site.op, site.op.outputs[:3])] + [(g, g.outputs) for g in site.grad_ops]
-            for op, outputs in old:
+            for op, outputs in layer.form.replaced(site):
                 if any(t.consumers() for t in outputs) or tf_private.control_outputs(op):
                     raise GraphsyncError(f"internal: {op.name} still has consumers after the rewrite")

@@ -15,12 +15,21 @@ device and scope.
 from __future__ import annotations
 
 import dataclasses
+import enum
 
 import tensorflow as tf
 
 # False: upload float32 statistics without their residual (benchmarks/step_overhead.py prices the
 # residual by building one variant so; both graphsync/splice/fused_kernels.py and local_moments below read it).
 REFINE_LOCAL_MOMENTS = True
+
+
+class Spread(enum.StrEnum):
+    """What a tower uploads beside its size and mean for the merge to weigh; its value is the
+    statistics view's mark (Mark.SPREAD), read back when gradients are built later."""
+
+    M2 = "m2"           # Σ(x − m)², from `local_moments`
+    BESSEL = "bessel"   # the Bessel-corrected variance M2/(n − 1) the fused kernel reports
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,7 +84,8 @@ def weighted_local_moments(x: tf.Tensor, weights: tf.Tensor, layout: Layout):
     return size, mean, m2, tf.reduce_sum(weights * deviation, axes, keepdims=True, name="residual")
 
 
-def merge_moments(ops, sizes, means, spreads, residuals=None, spread: str = "m2", epsilon=None, per_statistic=None):
+def merge_moments(ops, sizes, means, spreads, residuals=None, spread: Spread = Spread.M2, epsilon=None,
+                  per_statistic=None):
     """Global (n per tower, N, μ, σ² biased, σ²·N/(N−1)) from every tower's (size, m, spread), in
     float64, the spread being M2 or the Bessel-corrected variance (what the fused kernel reports).
     μ and the variances come back in the towers' dtype; n_t = size_t / (number of statistics).
@@ -102,7 +112,7 @@ def merge_moments(ops, sizes, means, spreads, residuals=None, spread: str = "m2"
     n = ops.reshape(counts, [-1] + [1] * means[0].shape.rank)
     m = ops.cast(ops.stack(means), f64)
     m2 = ops.cast(ops.stack(spreads), f64)
-    if spread == "bessel":   # v·(n−1) = M2
+    if spread is Spread.BESSEL:   # v·(n−1) = M2
         m2 = ops.binary("MulNoNan", m2, ops.unary("Relu", ops.binary("Sub", n, 1.0)))
     else:
         m2 = ops.binary("MulNoNan", m2, ops.unary("Sign", n))

@@ -6,7 +6,7 @@ batch axes of the op's inputs, once per (function, input axes) (`Bodies`, kept i
 `Analysis.bodies`); the bodies' outputs carry their axes to the op's, so gelu or swish in a call
 (tf_keras' ConvNeXt, RegNet) do not end the trace, and a body that ends its own trace ends it at the
 op, with the reason. A body holding a statistic — a cross-example op read back into the examples
-there, or for a call returned — makes the op a cross-example op itself (how "body", `CrossOp.inner`
+there, or for a call returned — makes the op a cross-example op itself (how BODY, `CrossOp.inner`
 naming the op inside): graphsync inlines such a call and synchronizes what it held
 (graphsync/plan/planner.py), and refuses such an If unless it is a conditional batch norm it
 synchronizes (graphsync/plan/rule.py).
@@ -26,7 +26,7 @@ import weakref
 
 import tensorflow as tf
 
-from graphsync.batch_axis.findings import Analysis, CrossOp
+from graphsync.batch_axis.findings import Analysis, CrossOp, Crossing
 from graphsync.batch_axis.registry import End, register
 from graphsync.batch_axis.verdicts import TERMINAL, UNDECIDED, verdict
 from graphsync.graph import tf_private
@@ -125,11 +125,11 @@ def _call_cross(op, traced):
         for crossed in body.cross.values():
             why = _statistic_in_body(body, crossed, returned=op.type in CALLS)
             if why is not None:
-                return CrossOp(op, "body", inner=(name, crossed.op, why))
+                return CrossOp(op, Crossing.BODY, inner=(name, crossed.op, why))
             leaves = _outputs_reached(body, crossed.op) if returning is None and op.type in IFS else ()
             if leaves:   # returned by the branch: the graph around the If decides (verdict)
                 how = verdict(body, crossed)[1].split(";")[0]
-                returning = CrossOp(op, "body", inner=(name, crossed.op, f"{how}, and the branch returns it"),
+                returning = CrossOp(op, Crossing.BODY, inner=(name, crossed.op, f"{how}, and the branch returns it"),
                                     returned=leaves)
     return returning
 
@@ -171,11 +171,11 @@ def _loop_cross(op, name, body):
     for crossed in body.cross.values():
         why = _statistic_in_body(body, crossed, returned=False)
         if why is not None:
-            return CrossOp(op, "body", inner=(name, crossed.op, why))
+            return CrossOp(op, Crossing.BODY, inner=(name, crossed.op, why))
         leaves = _outputs_reached(body, crossed.op)
         if leaves and returned is None:
             how = verdict(body, crossed)[1].split(";")[0]
-            returned = CrossOp(op, "body", inner=(name, crossed.op, f"{how}, and the loop returns it"),
+            returned = CrossOp(op, Crossing.BODY, inner=(name, crossed.op, f"{how}, and the loop returns it"),
                                returned=leaves)
     return returned
 
@@ -204,7 +204,7 @@ def _statistic_in_body(body: Analysis, crossed: CrossOp, returned: bool):
     cross-example op whose verdict the graph around it decides (`CrossOp.returned`): a statistic
     when read back there (`mean = tf.cond(training, batch mean, moving mean)`, then `x - mean`),
     terminal otherwise (a metric's, tf_keras' If)."""
-    if crossed.how == "body":
+    if crossed.how is Crossing.BODY:
         name, inner, why = crossed.inner
         return f"calls {name}, whose {inner.name} ({inner.type}) {why}"
     found, why = verdict(body, crossed)

@@ -4,7 +4,7 @@ output's axis it becomes; a contracted axis carrying the batch combines examples
 from __future__ import annotations
 
 from graphsync.batch_axis.axes import rank_of
-from graphsync.batch_axis.findings import CrossOp
+from graphsync.batch_axis.findings import CrossOp, Crossing
 from graphsync.batch_axis.registry import End, register
 
 
@@ -21,7 +21,7 @@ def _matmul(op, ins, context):
         cols, inner = (0, 1) if tb else (1, 0)
         out |= {1} if cols in b else set()
         crossed |= inner in b
-    return [frozenset(out) or None], CrossOp(op, "contract") if crossed else None
+    return [frozenset(out) or None], CrossOp(op, Crossing.CONTRACT) if crossed else None
 
 
 @register("contractions", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3")
@@ -49,7 +49,7 @@ def _batch_matmul(op, ins, context):
                 out.add(keep_to)
             else:
                 out.add(ax + out_rank - r)
-    return [frozenset(out) or None], CrossOp(op, "contract") if crossed else None
+    return [frozenset(out) or None], CrossOp(op, Crossing.CONTRACT) if crossed else None
 
 
 @register("contractions", "Einsum")
@@ -67,4 +67,4 @@ def _einsum(op, ins, context):
                 out.add(rhs.index(label))
             else:
                 crossed = True
-    return [frozenset(out) or None], CrossOp(op, "contract") if crossed else None
+    return [frozenset(out) or None], CrossOp(op, Crossing.CONTRACT) if crossed else None

@@ -4,7 +4,7 @@ each example apart, its mean and variance hold none. graphsync's own per-tower s
 residual graphsync sums over the towers."""
 from __future__ import annotations
 
-from graphsync.batch_axis.findings import CrossOp
+from graphsync.batch_axis.findings import CrossOp, Crossing
 from graphsync.batch_axis.per_example import per_example_outputs
 from graphsync.batch_axis.registry import register
 from graphsync.match.fused import FUSED_TYPES, LOCAL_MOMENTS_GRADIENT, gradient_type
@@ -15,5 +15,5 @@ def _fused_batch_norm(op, ins, context):
     outs = per_example_outputs(op, ins, 0)
     training = op.get_attr("is_training")
     if training and ins[0] and gradient_type(op) == LOCAL_MOMENTS_GRADIENT:
-        return [None] * len(op.outputs), CrossOp(op, "kernel")
-    return [outs[0]] + [None] * (len(op.outputs) - 1), (CrossOp(op, "kernel") if training and ins[0] else None)
+        return [None] * len(op.outputs), CrossOp(op, Crossing.KERNEL)
+    return [outs[0]] + [None] * (len(op.outputs) - 1), (CrossOp(op, Crossing.KERNEL) if training and ins[0] else None)

@@ -4,7 +4,7 @@ examples (CrossOp "order"): a value no synchronization can make one device's."""
 from __future__ import annotations
 
 from graphsync.batch_axis.axes import const_axes, only, rank_of
-from graphsync.batch_axis.findings import CrossOp
+from graphsync.batch_axis.findings import CrossOp, Crossing
 from graphsync.batch_axis.reductions import reduced
 from graphsync.batch_axis.registry import End, register
 
@@ -24,13 +24,13 @@ def _order(op, ins, context):
             raise End("top-k of a tensor of unknown rank")
         last = frozenset({rank - 1})
         if axes & last:
-            return [None] * len(op.outputs), CrossOp(op, "order", partial=bool(axes - last))
+            return [None] * len(op.outputs), CrossOp(op, Crossing.ORDER, partial=bool(axes - last))
         return [axes] * len(op.outputs), None
     if kind in ("Unique", "UniqueV2", "UniqueWithCounts"):
-        return [None] * len(op.outputs), CrossOp(op, "order")
+        return [None] * len(op.outputs), CrossOp(op, Crossing.ORDER)
     along = const_axes(op.inputs[1], rank)
     if kind in ("ArgMax", "ArgMin"):
-        return reduced(op, axes, along, False, "order")
+        return reduced(op, axes, along, False, Crossing.ORDER)
     if axes & along:   # a cumulative sum or product along the batch
-        return [axes], CrossOp(op, "order")
+        return [axes], CrossOp(op, Crossing.ORDER)
     return [axes], None

@@ -7,7 +7,7 @@ import numpy as np
 import tensorflow as tf
 
 from graphsync.batch_axis.axes import const_axes, only, rank_of
-from graphsync.batch_axis.findings import CrossOp
+from graphsync.batch_axis.findings import CrossOp, Crossing
 from graphsync.batch_axis.registry import register
 
 REDUCTION_TYPES = frozenset("Sum Mean Max Min Prod All Any EuclideanNorm".split())
@@ -22,10 +22,10 @@ def _reduction(op, ins, context):
     reduced_axes = const_axes(op.inputs[1], rank)
     if rank is not None and not reduced_axes and np.size(tf.get_static_value(op.inputs[1])) == 0:
         return [axes], None   # an empty reduction: the identity
-    return reduced(op, axes, reduced_axes, bool(op.get_attr("keep_dims")), "reduce")
+    return reduced(op, axes, reduced_axes, bool(op.get_attr("keep_dims")), Crossing.REDUCE)
 
 
-def reduced(op, axes, reduced_axes, keep, how):
+def reduced(op, axes, reduced_axes, keep, how: Crossing):
     """Output axes and the CrossOp of reducing `reduced_axes` from a tensor whose batch is on `axes`."""
     hit = axes & reduced_axes
     left = axes - reduced_axes
@@ -38,11 +38,11 @@ def reduced(op, axes, reduced_axes, keep, how):
 def _softmax(op, ins, context):
     axes = only(ins, 0, op)
     if axes and rank_of(op.inputs[0]) is not None and rank_of(op.inputs[0]) - 1 in axes:
-        return [None], CrossOp(op, "reduce")
+        return [None], CrossOp(op, Crossing.REDUCE)
     return [axes] * len(op.outputs), None
 
 
 @register("reductions", "L2Loss")
 def _l2_loss(op, ins, context):
     axes = only(ins, 0, op)
-    return [None], CrossOp(op, "reduce") if axes else None
+    return [None], CrossOp(op, Crossing.REDUCE) if axes else None

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from graphsync.batch_axis.findings import Analysis, CrossOp
+from graphsync.batch_axis.findings import Analysis, CrossOp, Crossing
 from graphsync.batch_axis.registry import family_of
 from graphsync.batch_axis.walks import reads_variable
 from graphsync.graph.backward import has_backward, is_backward
@@ -39,7 +39,7 @@ def verdict(analysis: Analysis, crossed: CrossOp, tower_of=None, skip=frozenset(
     outside them), so that a value combined with other towers' (a merge reading several towers, a
     collective) counts as synchronized; `skip`: ops the walk does not enter."""
     op = crossed.op
-    if crossed.how == "body":
+    if crossed.how is Crossing.BODY:
         name, inner, why = crossed.inner
         where = _RUNS.get(family_of(op.type), "runs the branch")
         why = f"{where} {name}, whose {inner.name} ({inner.type}) {why}"
@@ -54,10 +54,8 @@ def verdict(analysis: Analysis, crossed: CrossOp, tower_of=None, skip=frozenset(
                 return SYNCHRONIZED, f"{why}; {merged.name} combines it with the other towers'"
             return TERMINAL, f"{why}; it reaches no tensor that carries the batch into the model"
         return STATISTIC, f"{why}, and {reader.name} reads it back into the examples"
-    how = {"reduce": "reduces over the batch", "contract": "contracts over the batch",
-           "kernel": "normalizes with its batch statistics (training mode)",
-           "order": "orders or selects among the examples"}[crossed.how]
-    if crossed.how == "kernel":
+    how = crossed.how.described
+    if crossed.how is Crossing.KERNEL:
         if any(not is_backward(c) for c in op.outputs[0].consumers()):
             return STATISTIC, how
         return TERMINAL, how + ", but nothing reads its output"
@@ -67,10 +65,10 @@ def verdict(analysis: Analysis, crossed: CrossOp, tower_of=None, skip=frozenset(
     if reader is None:
         if merged is not None:
             return SYNCHRONIZED, f"{how}; {merged.name} combines it with the other towers'"
-        if returned is _UNDIFFERENTIATED and crossed.how == "reduce" and not crossed.partial:
+        if returned is _UNDIFFERENTIATED and crossed.how is Crossing.REDUCE and not crossed.partial:
             return UNDECIDED, f"{how}; its value is read back into the examples, which reach no variable, and the " \
                               "graph has no gradients yet to tell whether they reach the loss"
-        if returned not in (None, _UNDIFFERENTIATED) and crossed.how == "reduce" and not crossed.partial:
+        if returned not in (None, _UNDIFFERENTIATED) and crossed.how is Crossing.REDUCE and not crossed.partial:
             # a batch norm at the model's end (normalize → pool → output): no variable after it, but
             # the examples it normalizes are differentiated; one device normalizes with the whole batch
             return STATISTIC, f"{how}, and {returned.name} reads it back into the examples the gradients " \
@@ -79,7 +77,7 @@ def verdict(analysis: Analysis, crossed: CrossOp, tower_of=None, skip=frozenset(
                          "(a loss, a metric, a summary, a variable update)"
     if crossed.partial:
         return GHOST, f"{how} only in part (a reshape split the batch: virtual batches); {reader.name} reads it"
-    if crossed.how == "order":
+    if crossed.how is Crossing.ORDER:
         return ORDER, f"{how}, and {reader.name} reads it back into the examples"
     return STATISTIC, f"{how}, and {reader.name} reads it back into the examples"
 

@@ -15,6 +15,7 @@ Both strategies offer the same operations to the splice, per sync group of tower
     through_ps.py   PsQueues, the transport of steps that use a parameter server: queues there (no
                     collective: see there)
     queues.py       the queues' cross-process sum, in worker order
+    merges.py       Merge: how a transport combines the towers' values (a sum, or a Max or Min's extremum)
     views.py        statistics views, whose gradients sum the towers' at run time
     library.py      small tf.functions the exchanges call (the gathered merge, all-reduce packing)
     values.py       Synchronized (what a tower receives)

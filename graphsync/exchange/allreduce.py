@@ -14,10 +14,12 @@ from __future__ import annotations
 import tensorflow as tf
 
 from graphsync.exchange import library, marking
+from graphsync.exchange.merges import Merge
 from graphsync.exchange.transports import Transport
 from graphsync.exchange.values import Synchronized
 from graphsync.exchange.views import sum_view, view
 from graphsync.graph.tf_private import FastOps, pristine_scope
+from graphsync.stats import Spread
 
 
 class AllReduce:
@@ -32,7 +34,7 @@ class AllReduce:
         """The strategy reports name: "allreduce", or "ps" through a parameter server."""
         return self.transport.name
 
-    def moments(self, graph, layer, sites, uploads, spread="m2") -> list[Synchronized]:
+    def moments(self, graph, layer, sites, uploads, spread=Spread.M2) -> list[Synchronized]:
         """Each tower packs, all-reduces and unpacks through two library functions (one call op
         each); its statistics always reach it through a view, so gradients built later never
         enter the calls."""
@@ -61,10 +63,10 @@ class AllReduce:
             total.set_shape([])
             for t in moments[:2]:
                 t.set_shape(like.shape)
-            if spread == "bessel":
+            if spread is Spread.BESSEL:
                 moments[2].set_shape([])
             s = Synchronized(n, total, moments[0], moments[1], None)
-            out.append(view(graph, site, s, upload, spread, moments[2] if spread == "bessel" else None,
+            out.append(view(graph, site, s, upload, spread, moments[2] if spread is Spread.BESSEL else None,
                             **self._view_keys(layer, site, r, i)))
         return out
 
@@ -90,11 +92,11 @@ class AllReduce:
                 out.append([shared] + [tf.stop_gradient(t) for t in totals[1:]])
         return out
 
-    def extrema(self, graph, layer, sites, values, kind, tag="forward_extremum") -> list[tuple]:
-        """Per tower: (the elementwise `kind` ("Max" or "Min") of every tower's value, the keys of
+    def extrema(self, graph, layer, sites, values, merge: Merge, tag="forward_extremum") -> list[tuple]:
+        """Per tower: (the elementwise `merge` (MAX or MIN) of every tower's value, the keys of
         a view of it, graphsync/exchange/views.py)."""
         out = []
-        for i, r in enumerate(self.transport.reduce(graph, layer, sites, list(values), tag, merge=kind)):
+        for i, r in enumerate(self.transport.reduce(graph, layer, sites, list(values), tag, merge=merge)):
             with pristine_scope(graph, sites[i].device, f"{sites[i].op.name}_sync/{tag}"), \
                     marking.exchange(graph, layer.name, tag), graph.control_dependencies(r.peers):
                 total = tf.identity(r.total, name="extremum")
@@ -151,7 +153,7 @@ def _pack_moments(spread):
         m, v = _flat(ops, mean, f64), _flat(ops, spread_value, f64)
         channels = m.shape.num_elements() or ops.cast(tf.size(m), f64)
         n = ops.binary("RealDiv", ops.cast(size, f64), float(channels) if isinstance(channels, int) else channels)
-        weight = ops.unary("Relu", ops.binary("Sub", n, 1.0)) if spread == "bessel" else ops.unary("Sign", n)
+        weight = ops.unary("Relu", ops.binary("Sub", n, 1.0)) if spread is Spread.BESSEL else ops.unary("Sign", n)
         m2 = ops.binary("MulNoNan", v, weight)
         weighted = ops.binary("MulNoNan", m, n)
         cross = weighted
@@ -189,7 +191,7 @@ def _unpack_moments(spread):
             shape = like.shape.as_list() if like.shape.is_fully_defined() else tf.shape(like)
             shaped = tuple(tf.reshape(t, shape) for t in (mean, variance))
         out = (total,) + tuple(ops.cast(t, like.dtype) for t in shaped)
-        if spread == "bessel":
+        if spread is Spread.BESSEL:
             out += (ops.cast(ops.binary("RealDiv", total, ops.binary("Maximum", ops.binary("Sub", total, 1.0), 1.0)),
                              like.dtype),)
         return out

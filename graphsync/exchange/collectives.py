@@ -15,6 +15,7 @@ from tensorflow.core.framework import attr_value_pb2
 from graphsync.graph import marks
 from graphsync.graph.marks import Mark
 from graphsync.exchange import marking, transports
+from graphsync.exchange.merges import Merge
 from graphsync.exchange.transports import Reduced
 from graphsync.graph.tf_private import FastOps, create_op, pristine_scope
 from graphsync.graph.op_types import COLLECTIVE_TYPES
@@ -74,18 +75,18 @@ def backward_key(graph, forward_key: int, k) -> int:
 
 
 def all_reduce(x: tf.Tensor, group_size: int, group_key: int, instance_key: int, name=None, ops=None,
-               timeout: float = 0.0, merge: str = "Add") -> tf.Tensor:
-    """Sum of x over the group (or with `merge` "Max" or "Min" the extremum, which nothing
+               timeout: float = 0.0, merge: Merge = Merge.ADD) -> tf.Tensor:
+    """Sum of x over the group (or with `merge` MAX or MIN the extremum, which nothing
     differentiates), with a gradient that all-reduces the incoming gradient; fails with
     DeadlineExceeded after `timeout` seconds without all peers (0: waits forever). `ops` (a
     FastOps) shares the key constants across layers."""
     constant = ops.constant if ops is not None else (lambda value, dtype: tf.constant(value, dtype))
     keys = [constant(value, tf.int32) for value in (group_size, group_key, instance_key)]
     attrs = {"T": attr_value_pb2.AttrValue(type=x.dtype.as_datatype_enum),
-             "merge_op": attr_value_pb2.AttrValue(s=merge.encode()), "final_op": attr_value_pb2.AttrValue(s=b"Id"),
+             "merge_op": attr_value_pb2.AttrValue(s=merge.value.encode()), "final_op": attr_value_pb2.AttrValue(s=b"Id"),
              "Nordering_token": attr_value_pb2.AttrValue(i=0),
              "timeout_seconds": attr_value_pb2.AttrValue(f=float(timeout))}
-    if merge == "Add":   # an extremum's all-reduce has no gradient: graphsync/splice/reduction.py builds its own
+    if merge is Merge.ADD:   # an extremum's all-reduce has no gradient: graphsync/splice/reduction.py builds its own
         attrs["_gradient_op_type"] = attr_value_pb2.AttrValue(s=ALLREDUCE_GRADIENT.encode())
     return create_op(x.graph, "CollectiveReduceV2", [x] + keys, attrs, name or "CollectiveReduceV2").outputs[0]
 
@@ -128,7 +129,7 @@ class Collectives:
         self.scale = process_group.tasks if process_group else 1
         self.timeout = process_group.timeout if process_group else 0.0
 
-    def reduce(self, graph, layer, sites, packed, tag, merge="Add") -> list[Reduced]:
+    def reduce(self, graph, layer, sites, packed, tag, merge=Merge.ADD) -> list[Reduced]:
         """All-reduces each tower's packed vector. Each tower's first reader waits for one NoOp (on
         the group's first device) after every collective of the group, so fetching one tower's
         result never leaves another tower's collective unrun. A barrier costs 2·(towers − 1)

@@ -12,9 +12,11 @@ from graphsync.graph import marks
 from graphsync.graph.marks import Mark
 from graphsync import stats
 from graphsync.exchange import library, marking, transports
+from graphsync.exchange.merges import Merge
 from graphsync.exchange.values import Synchronized
 from graphsync.exchange.views import gathered_sum, sum_view, view
 from graphsync.graph.tf_private import FastOps, pristine_scope
+from graphsync.stats import Spread
 
 AGGREGATION_SCOPE = "graphsync"
 
@@ -45,14 +47,14 @@ class Gather:
         return dict(transport="gather", members=len(members), member=member, layer=layer.name,
                     gradient_scope=self._scope(layer, tag.replace("forward", "backward_statistics", 1), g))
 
-    def moments(self, graph, layer, sites, uploads, spread="m2") -> list[Synchronized]:
+    def moments(self, graph, layer, sites, uploads, spread=Spread.M2) -> list[Synchronized]:
         out = [None] * len(sites)
         for g, members in enumerate(self.groups):
             with self._aggregating(graph, layer, "forward", g):
                 counts, total, mean, variance, bessel = _merged(
                     self.ops, *zip(*[uploads[i] for i in members]), spread=spread, epsilon=layer.residual_epsilon)
                 factor = None
-                if spread == "bessel" and not layer.has_gradients:   # each tower's σ²·N/(N−1), see _view
+                if spread is Spread.BESSEL and not layer.has_gradients:   # each tower's σ²·N/(N−1), see _view
                     ops = self.ops
                     factor = ops.cast(ops.binary("RealDiv", total, ops.binary(
                         "Maximum", ops.binary("Sub", total, 1.0), 1.0)), variance.dtype, name="bessel_factor")
@@ -89,11 +91,11 @@ class Gather:
                     out[i] = [shared] + [tf.stop_gradient(t) for t in out[i][1:]]
         return out
 
-    def extrema(self, graph, layer, sites, values, kind, tag="forward_extremum") -> list[tuple]:
-        """Per tower: (the elementwise `kind` ("Max" or "Min") of every tower's value, the keys of
+    def extrema(self, graph, layer, sites, values, merge: Merge, tag="forward_extremum") -> list[tuple]:
+        """Per tower: (the elementwise `merge` (MAX or MIN) of every tower's value, the keys of
         a view of it, graphsync/exchange/views.py)."""
         out = [None] * len(sites)
-        reduce = tf.reduce_max if kind == "Max" else tf.reduce_min
+        reduce = tf.reduce_max if merge is Merge.MAX else tf.reduce_min
         for g, members in enumerate(self.groups):
             with self._aggregating(graph, layer, tag, g):
                 total = reduce(tf.stack([values[i] for i in members]), 0, name="extremum")
@@ -111,7 +113,7 @@ def _gathered_gradient_sum(op, contribution, k):
                             marks.get(op, Mark.MEMBERS))
 
 
-def _merged(ops, sizes, means, spreads, residuals=(), spread="m2", epsilon=None):
+def _merged(ops, sizes, means, spreads, residuals=(), spread=Spread.M2, epsilon=None):
     """stats.merge_moments as one call op (graphsync/exchange/library.py): the merge is 30-odd
     ops per layer, a sixth of a rewrite's cost when spelled out. Its signature is the towers'
     number, dtypes and ranks, so one trace serves every layer of a model; the number of

@@ -31,6 +31,7 @@ import tensorflow as tf
 
 from graphsync.graph import marks
 from graphsync.graph.marks import Mark
+from graphsync.exchange.merges import Merge
 from graphsync.graph.tf_private import pristine_scope, set_attr
 
 
@@ -39,10 +40,10 @@ def queue_name(base: str, direction: str, worker: int) -> str:
 
 
 def summed(graph, contribution: tf.Tensor, base: str, ps_device: str, worker: int, workers: int,
-           device: str, scope: str, merge: str = "Add") -> tf.Tensor:
+           device: str, scope: str, merge: Merge = Merge.ADD) -> tf.Tensor:
     """Σ over the `workers` processes of their `contribution` (this one is `worker`), as a tensor
     this worker reads on `device`; the queues named after `base` on `ps_device` (identical in
-    every worker), the ops under `scope`. `merge` "Max" or "Min": their elementwise extremum."""
+    every worker), the ops under `scope`. `merge` MAX or MIN: their elementwise extremum."""
     dtype = contribution.dtype
     if worker:
         with pristine_scope(graph, ps_device, f"{scope}/queues"):
@@ -71,7 +72,7 @@ def summed(graph, contribution: tf.Tensor, base: str, ps_device: str, worker: in
         return tf.identity(total, name="total")   # read once every worker has been handed it
 
 
-_MERGES = {"Add": tf.raw_ops.AddV2, "Max": tf.raw_ops.Maximum, "Min": tf.raw_ops.Minimum}
+_MERGES = {Merge.ADD: tf.raw_ops.AddV2, Merge.MAX: tf.raw_ops.Maximum, Merge.MIN: tf.raw_ops.Minimum}
 
 
 def _queue(base, direction, worker, dtype):

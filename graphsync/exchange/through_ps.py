@@ -38,13 +38,14 @@ from graphsync.graph.marks import Mark
 from graphsync.between_graph.process_group import ProcessGroup
 from graphsync.errors import GraphsyncError
 from graphsync.exchange import marking, queues, transports
+from graphsync.exchange.merges import Merge
 from graphsync.exchange.transports import Reduced
 from graphsync.exchange.views import gathered_sum
 from graphsync.graph.tf_private import FastOps, pristine_scope
 
 
-_LOCAL_EXTREMA = {"Max": lambda values: tf.reduce_max(tf.stack(values), 0, name="extremum"),
-                  "Min": lambda values: tf.reduce_min(tf.stack(values), 0, name="extremum")}
+_LOCAL_EXTREMA = {Merge.MAX: lambda values: tf.reduce_max(tf.stack(values), 0, name="extremum"),
+                  Merge.MIN: lambda values: tf.reduce_min(tf.stack(values), 0, name="extremum")}
 
 
 class PsQueues:
@@ -74,7 +75,7 @@ class PsQueues:
             self._placed[layer.name] = min(self.ps_devices, key=lambda device: load[device])
         return self._placed[layer.name]
 
-    def reduce(self, graph, layer, sites, packed, name, merge="Add") -> list[Reduced]:
+    def reduce(self, graph, layer, sites, packed, name, merge=Merge.ADD) -> list[Reduced]:
         """Per tower: its group's total (no barrier), and the keys of its group's queues."""
         out = [None] * len(sites)
         for g, members in enumerate(self.groups):
@@ -88,7 +89,7 @@ class PsQueues:
             with marking.exchange(graph, layer.name, name):
                 if len(members) > 1:
                     with pristine_scope(graph, first.device, scope):
-                        local = self.ops.add_n([packed[i] for i in members]) if merge == "Add" else \
+                        local = self.ops.add_n([packed[i] for i in members]) if merge is Merge.ADD else \
                             _LOCAL_EXTREMA[merge]([packed[i] for i in members])
                 total = queues.summed(graph, local, base, self._bases[base], self.process_group.index,
                                       self.process_group.tasks, first.device, scope, merge)

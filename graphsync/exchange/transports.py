@@ -30,6 +30,7 @@ import tensorflow as tf
 
 from graphsync.graph import marks
 from graphsync.graph.marks import Mark
+from graphsync.exchange.merges import Merge
 
 
 _GRADIENT_SUMS: dict[str, Callable] = {}
@@ -48,7 +49,7 @@ class Reduced:
 class Transport(Protocol):
     name: str            # the strategy reports call it ("allreduce", "ps")
 
-    def reduce(self, graph, layer, sites, packed, tag: str, merge: str = "Add") -> list[Reduced]: ...
+    def reduce(self, graph, layer, sites, packed, tag: str, merge: Merge = Merge.ADD) -> list[Reduced]: ...
 
 
 def registers_gradient_sum(name: str):

@@ -27,6 +27,7 @@ from graphsync.exchange import transports
 from graphsync.exchange.collectives import differentiation
 from graphsync.exchange.values import Synchronized
 from graphsync.graph.tf_private import create_op, pristine_scope, update_input
+from graphsync.stats import Spread
 
 UPLOAD_GRADIENT = "GraphsyncStatisticsUpload"
 VIEW_GRADIENT = "GraphsyncStatisticsView"
@@ -38,7 +39,7 @@ MISSING_TOWER = ("graphsync: a synchronized layer's gradient was built for only 
 _gathered_gradients = weakref.WeakKeyDictionary()     # graph → {(merged μ, k): AddN being filled}
 
 
-def view(graph, site, s: Synchronized, upload, spread: str, factor=None, **keys) -> Synchronized:
+def view(graph, site, s: Synchronized, upload, spread: Spread, factor=None, **keys) -> Synchronized:
     """Tower `site`'s statistics through an IdentityN whose gradient is `view_gradient`; `keys`
     (ints, strings) say how its gradient finds the other towers: members and member (gather),
     members, group_key, instance_key and timeout_ms (all-reduce), or members, member, queue, ps,
@@ -50,7 +51,7 @@ def view(graph, site, s: Synchronized, upload, spread: str, factor=None, **keys)
     attrs = {"T": attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(
                  type=[t.dtype.as_datatype_enum for t in inputs])),
              "_gradient_op_type": attr_value_pb2.AttrValue(s=VIEW_GRADIENT.encode()),
-             Mark.SPREAD.value: marks.value(spread)}
+             Mark.SPREAD.value: marks.value(spread.value)}
     attrs.update(_key_attrs(keys))
     with pristine_scope(graph, site.device, site.op.name + "_sync"):
         view = create_op(graph, "IdentityN", inputs, attrs, "statistics")
@@ -133,7 +134,7 @@ def view_gradient(op, d_mean, d_variance, *_unused):
         sum_mean, sum_variance = tf.unstack(summed)
         share = tf.cast(tf.math.divide_no_nan(count, total), dtype)
         d_local_mean = tf.math.multiply_no_nan(sum_mean + 2.0 * (local_mean - mean) * sum_variance, share)
-        bessel = marks.text(op, Mark.SPREAD) == "bessel"
+        bessel = Spread(marks.text(op, Mark.SPREAD)) is Spread.BESSEL
         weight = tf.nn.relu(count - 1.0) if bessel else tf.sign(count)
         d_local_spread = sum_variance * tf.cast(tf.math.divide_no_nan(weight, total), dtype)
     return [None] * 4 + [d_local_mean, d_local_spread]

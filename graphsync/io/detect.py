@@ -13,6 +13,7 @@ such. Every failure is a `GraphFileError` with a one-line message.
 """
 from __future__ import annotations
 
+import enum
 import os
 import re
 
@@ -23,7 +24,16 @@ from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
 
 from graphsync.io.errors import GraphFileError
 
-GRAPHDEF, METAGRAPH, SAVEDMODEL = "GraphDef", "MetaGraphDef", "SavedModel"
+
+class FileKind(enum.StrEnum):
+    """The message a graph file holds; its value is how messages name it."""
+
+    GRAPHDEF = "GraphDef"
+    METAGRAPH = "MetaGraphDef"
+    SAVEDMODEL = "SavedModel"
+
+
+GRAPHDEF, METAGRAPH, SAVEDMODEL = FileKind.GRAPHDEF, FileKind.METAGRAPH, FileKind.SAVEDMODEL
 MESSAGES = {GRAPHDEF: graph_pb2.GraphDef, METAGRAPH: meta_graph_pb2.MetaGraphDef,
             SAVEDMODEL: saved_model_pb2.SavedModel}
 

@@ -25,7 +25,7 @@ class LoadedGraph:
 
     graph: tf.Graph
     path: str
-    kind: str                 # "GraphDef", "MetaGraphDef" or "SavedModel"
+    kind: detect.FileKind     # GraphDef, MetaGraphDef or SavedModel
     text: bool                # read from a text proto
     message: object           # the GraphDef, MetaGraphDef or SavedModel as read
     meta_graph_index: int | None = None   # SavedModel: which meta graph `graph` is

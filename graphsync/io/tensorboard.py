@@ -37,7 +37,7 @@ def write_event_file(graph: tf.Graph, logdir: str, layers=()) -> str:
 
 def _layers_summary(layers) -> tf.compat.v1.Summary:
     """A 2-D string tensor for the Text dashboard (header row first), one row per layer."""
-    rows = [list(COLUMNS)] + [[layer.name, layer.kind, layer.found_as, ", ".join(layer.reductions),
+    rows = [list(COLUMNS)] + [[layer.name, layer.kind.value, layer.found_as, ", ".join(layer.reductions),
                                str(len(layer.tower_ops))] for layer in layers]
     metadata = tf.compat.v1.SummaryMetadata(plugin_data=tf.compat.v1.SummaryMetadata.PluginData(plugin_name="text"))
     value = tf.compat.v1.Summary.Value(tag=LAYERS_TAG, metadata=metadata,

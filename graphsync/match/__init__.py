@@ -3,23 +3,24 @@
 One module per form of batch norm; each offers `candidates(graph) -> list[Candidate]`, and
 `candidates()` below asks every form in turn. Adding a form is one module and one line in FORMS.
 
-    module       form                                                       Candidate.kind
-    fused        FusedBatchNorm / V2 / V3 in training mode                  "fused"
-    moments      the subgraph tf.nn.moments builds                          "moments"
-    handwritten  mean and variance by hand: E[(x − m)²] or E[x²] − m²,      "moments"
+    module       form                                                       Candidate.form (LayerForm)
+    fused        FusedBatchNorm / V2 / V3 in training mode                  FUSED
+    moments      the subgraph tf.nn.moments builds                          MOMENTS
+    handwritten  mean and variance by hand: E[(x − m)²] or E[x²] − m²,      MOMENTS
                  Mean or Sum / count; sufficient_statistics without shift
-    sufficient   sufficient_statistics + normalize_moments with a shift     "moments"
-    weighted     tf.nn.weighted_moments, weights per example or pixel      "moments"
+    sufficient   sufficient_statistics + normalize_moments with a shift     MOMENTS
+    weighted     tf.nn.weighted_moments, weights per example or pixel      MOMENTS
                  (per channel, or zeros_like folded: the rule's reductions)
-    conditional  an If whose branches train / infer one fused batch norm    "conditional"
+    conditional  an If whose branches train / infer one fused batch norm    CONDITIONAL
                  (a tensor `training` flag under control flow v2)
 
-Every "moments" candidate hands the splice parts x, variance (op), axes and keep_dims (and
+Every MOMENTS candidate hands the splice parts x, variance (op), axes and keep_dims (and
 weights, for weighted moments); the forms differ only in how they are found.
 
 Helpers every form may use:
 
     candidate   the Candidate record the forms return
+    layer_form  LayerForm: the four forms of a synchronized layer, and what each decides downstream
     gradients   gradient calls found by the scopes tf.gradients names after a forward op
     hidden      function bodies (If, While, calls) that hide a training batch norm
     reductions  a mean in any spelling; whether statistics are batch statistics that normalize x
@@ -32,6 +33,7 @@ import tensorflow as tf
 
 from graphsync.match import conditional, fused, handwritten, hidden, moments, sufficient, weighted
 from graphsync.match.candidate import Candidate, PerTower
+from graphsync.match.layer_form import LayerForm
 from graphsync.match.fused import (FUSED_TYPES, GRAPHSYNC_GRADIENTS, fused_gradient_ops, is_live,
                                    is_training, made_by_graphsync)
 from graphsync.match.gradients import (SHAPE_TYPES, entry_readers, gradient_entry, gradient_scopes,
@@ -41,7 +43,7 @@ from graphsync.match.hidden import (FUNCTION_CALL_TYPES, called_functions, funct
 
 FORMS = (fused, moments, handwritten, sufficient, weighted, conditional)
 
-__all__ = ["Candidate", "PerTower", "FORMS", "FUNCTION_CALL_TYPES", "FUSED_TYPES", "GRAPHSYNC_GRADIENTS", "SHAPE_TYPES",
+__all__ = ["Candidate", "LayerForm", "PerTower", "FORMS", "FUNCTION_CALL_TYPES", "FUSED_TYPES", "GRAPHSYNC_GRADIENTS", "SHAPE_TYPES",
            "called_functions", "candidates", "entry_readers", "functions_with_batch_moments",
            "functions_with_batch_norm_gradient",
            "functions_with_training_batch_norm",

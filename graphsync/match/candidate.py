@@ -5,6 +5,8 @@ import dataclasses
 
 import tensorflow as tf
 
+from graphsync.match.layer_form import LayerForm
+
 
 class PerTower(str):
     """A reason to leave batch statistics that train inside a tower per tower: ghost batch norm.
@@ -15,7 +17,7 @@ class PerTower(str):
 
 @dataclasses.dataclass(frozen=True)
 class MomentsParts:
-    """What a "moments" form captured: batch statistics of x over `axes`, spelled out in ops.
+    """What a moments form (LayerForm.MOMENTS) captured: batch statistics of x over `axes`, spelled out in ops.
     The forms differ in how they are found, never in what they hand on."""
 
     x: tf.Tensor                      # the activation whose statistics these are
@@ -49,7 +51,7 @@ class Candidate:
     """One batch-norm op in one tower (or outside all towers) that graphsync may synchronize."""
 
     op: tf.Operation
-    kind: str
+    form: LayerForm
     skip_reason: str | None = None
     parts: MomentsParts | ConditionalParts | None = None
 

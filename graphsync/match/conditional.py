@@ -22,6 +22,7 @@ import tensorflow as tf
 
 from graphsync.graph import by_type, marks, tf_private
 from graphsync.match.candidate import Candidate, ConditionalParts
+from graphsync.match.layer_form import LayerForm
 from graphsync.match.fused import FUSED_TYPES
 from graphsync.graph.marks import Mark
 
@@ -181,14 +182,14 @@ def candidates(graph: tf.Graph) -> list[Candidate]:
         if forward is None:
             continue
         if isinstance(forward, str):
-            found.append(Candidate(op, "conditional", forward))
+            found.append(Candidate(op, LayerForm.CONDITIONAL, forward))
             continue
         branch, node, operands, outputs = forward
         grads = _gradient_ifs(op, branch, library)
         if isinstance(grads, str):
-            found.append(Candidate(op, "conditional", grads))
+            found.append(Candidate(op, LayerForm.CONDITIONAL, grads))
             continue
         parts = ConditionalParts(branch, node, tuple(operands), outputs, tuple(grads))
         reason = "already synchronized" if is_rewritten(op, parts) else None
-        found.append(Candidate(op, "conditional", reason, parts))
+        found.append(Candidate(op, LayerForm.CONDITIONAL, reason, parts))
     return found

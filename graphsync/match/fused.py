@@ -10,6 +10,7 @@ import tensorflow as tf
 from graphsync.graph import by_type, tf_private
 from graphsync.graph.op_types import FUSED_BATCH_NORM_TYPES
 from graphsync.match.candidate import Candidate
+from graphsync.match.layer_form import LayerForm
 
 FUSED_TYPES = FUSED_BATCH_NORM_TYPES
 STARTS = FUSED_TYPES   # the op types candidates() starts from (see match.starting_types)
@@ -63,5 +64,5 @@ def candidates(graph: tf.Graph) -> list[Candidate]:
             reason = "inference mode (is_training=False): uses the moving statistics"
         elif not is_live(op):
             reason = "nothing reads its outputs (already synchronized, or unused)"
-        found.append(Candidate(op, "fused", reason))
+        found.append(Candidate(op, LayerForm.FUSED, reason))
     return found

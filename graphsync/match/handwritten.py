@@ -10,7 +10,7 @@ tf.nn.moments builds (Mean and SquaredDifference(x, StopGradient(Mean))) is grap
 It is batch norm when the axes cover the batch axis 0 and the statistics normalize x
 (`reductions.normalizes`); other statistics over the batch are listed with the reason.
 
-The Candidate is a "moments" one (the splice reads parts x, variance, axes, keep_dims; the plan
+The Candidate is a MOMENTS one (the splice reads parts x, variance, axes, keep_dims; the plan
 finds the gradient ops of the ops in MomentsParts.statistics);
 `variance_reads_mean` says the variance's gradient flows into m, so after the gradients are built
 the variance's cross-tower sum must be known before the mean's (graphsync/splice/layer.py).
@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from graphsync.graph import by_type
 from graphsync.match.candidate import Candidate, MomentsParts
+from graphsync.match.layer_form import LayerForm
 from graphsync.match.reductions import MeanOf, batch_axis_reason, mean_of, normalizes, statistics_ops
 
 
@@ -50,7 +51,7 @@ def candidate(mean: MeanOf, variance_op: tf.Operation, reads_mean: bool, what: s
         reason = "nothing reads its outputs (already synchronized, or unused)"
     elif reason is None and not normalizes(x, mean.tensor, variance):
         reason = f"{what} over the batch axis that normalize nothing: left per tower"
-    return Candidate(mean.tensor.op, "moments", reason, MomentsParts(
+    return Candidate(mean.tensor.op, LayerForm.MOMENTS, reason, MomentsParts(
         x, variance_op, tuple(mean.axes), mean.keep_dims, variance_reads_mean=reads_mean,
         statistics=tuple(statistics_ops(x, [mean.tensor, variance])), **parts))
 

@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from graphsync.graph import by_type
 from graphsync.match.candidate import Candidate, MomentsParts
+from graphsync.match.layer_form import LayerForm
 from graphsync.match.reductions import batch_axis_reason, const_axes
 
 STARTS = ("SquaredDifference",)   # the op types candidates() starts from (see match.starting_types)
@@ -46,7 +47,7 @@ def candidates(graph: tf.Graph) -> list[Candidate]:
         reason = batch_axis_reason(x, axes)
         if reason is None and not (_readers(mean_op.outputs[0], stopped.op) or variance_op.outputs[0].consumers()):
             reason = "nothing reads its outputs (already synchronized, or unused)"
-        found.append(Candidate(mean_op, "moments", reason, MomentsParts(
+        found.append(Candidate(mean_op, LayerForm.MOMENTS, reason, MomentsParts(
             x, variance_op, tuple(axes), mean_op.get_attr("keep_dims"), sqdiff=sqdiff, stop_gradient=stopped.op)))
     return found
 

@@ -13,6 +13,7 @@ from graphsync import match
 from graphsync.errors import GraphsyncError
 from graphsync.graph import shapes, tf_private
 from graphsync.match.candidate import ConditionalParts, MomentsParts
+from graphsync.match.layer_form import LayerForm
 from graphsync.stats import Layout
 from graphsync.towers.scopes import Tower, tower_of
 
@@ -68,13 +69,13 @@ class LayerPlan:
     written by hand is synchronized as several reductions) and how it was found."""
 
     name: str
-    kind: str
+    form: LayerForm
     sites: tuple[Site, ...]
     layout: Layout
     epsilon: float
     avg_factor: float
     normalization: str = ""   # the normalization this layer is one reduction of; "": its own
-    found_as: str = ""        # "fused", "tf.nn.moments", "reductions: mean + mean + mean of squares", …
+    found_as: str = ""        # for display only: "fused", "tf.nn.moments", "reductions: mean + mean + mean of squares", …
 
     @property
     def normalization_name(self) -> str:
@@ -86,18 +87,18 @@ class LayerPlan:
         return bool(self.sites[0].grad_ops)
 
     @property
-    def shown_kind(self) -> str:
-        """What reports call the layer: "conditional" behind a tensor training flag (a v2 If, or a
-        fused op inside a v1 tf.cond), else its kind."""
-        if self.kind == "fused" and tf_private.control_flow_context(self.sites[0].op) is not None:
-            return "conditional"
-        return self.kind
+    def shown_kind(self) -> LayerForm:
+        """What reports call the layer: CONDITIONAL behind a tensor training flag (a v2 If, or a
+        fused op inside a v1 tf.cond), else its form."""
+        if self.form.fused_kernel and tf_private.control_flow_context(self.sites[0].op) is not None:
+            return LayerForm.CONDITIONAL
+        return self.form
 
     @property
     def residual_epsilon(self) -> float | None:
         """The ε of a fused layer's residuals: its statistics kernel uploads Σ(x − m̂)/√(v + ε)
         (graphsync/splice/fused_kernels.py), which the merge scales back; moments residuals are Σ(x − m̂) (None)."""
-        return self.epsilon if self.kind == "fused" else None
+        return self.epsilon if self.form.fused_kernel else None
 
 
 @dataclasses.dataclass(frozen=True)

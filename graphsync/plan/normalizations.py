@@ -36,6 +36,7 @@ import dataclasses
 import tensorflow as tf
 
 from graphsync.match.candidate import MomentsParts
+from graphsync.match.layer_form import LayerForm
 from graphsync.plan.data import LayerPlan
 
 IDENTITY_LIKE = frozenset({"Cast", "Identity", "Snapshot", "StopGradient", "PreventGradient", "EnsureShape",
@@ -50,7 +51,7 @@ _DEPTH = 64   # ops walked up from one reduced input, at most
 
 def grouped(layers) -> tuple[LayerPlan, ...]:
     """`layers` (final, in forward order) with `normalization` and `found_as` filled in."""
-    reductions = [layer for layer in layers if layer.kind == "reduction"]
+    reductions = [layer for layer in layers if layer.form.reduces]
     groups, squares = _groups(reductions)
     names = _names(groups, {layer.name for layer in layers})
     by_layer = {}
@@ -75,10 +76,10 @@ def normalizations(layers) -> list[tuple[str, list]]:
 def _form(layer: LayerPlan) -> str:
     """How a fused or moments layer was found."""
     parts = layer.sites[0].parts
-    if layer.kind == "conditional" or layer.shown_kind == "conditional":
+    if layer.shown_kind is LayerForm.CONDITIONAL:   # a conditional layer, or a fused one in a v1 tf.cond
         return "fused, behind a tensor training flag"
     if not isinstance(parts, MomentsParts):
-        return layer.kind
+        return layer.form.value
     if parts.weights is not None:
         return "tf.nn.weighted_moments"
     if parts.shift is not None:

@@ -12,10 +12,12 @@ import tensorflow as tf
 
 from graphsync import batch_axis, match
 from graphsync.graph.backward import is_backward
+from graphsync.batch_axis.findings import Crossing
 from graphsync.errors import GraphsyncError, NoTowersError
 from graphsync.graph import by_type, order, shapes, tf_private
 from graphsync.match import hidden, unfollowed
 from graphsync.match.candidate import MomentsParts
+from graphsync.match.layer_form import LayerForm
 from graphsync.plan import left_alone, normalizations, reductions, rule, shared_tasks, training_flag
 from graphsync.plan.data import LayerPlan, MomentsGrad, Plan, Site, check_gradient_calls
 from graphsync.stats import Layout
@@ -95,14 +97,14 @@ def _refuse_unpaired_gradients(layers) -> None:
     gradients built later) while a backward already reads its statistics: that backward, built by
     a GradientTape whose ops graphsync cannot pair with the forward yet, would stay per tower."""
     for layer in layers:
-        if layer.has_gradients or layer.kind != "moments":   # the kinds paired by tf.gradients' scopes
+        if layer.has_gradients or not layer.form.spelled_out:   # the forms paired by tf.gradients' scopes
             continue
         site = layer.sites[0]
         starts = [site.op, getattr(getattr(site, "parts", None), "variance", None)]
         reader = _backward_reader([op for op in starts if op is not None])
         if reader is not None:
             raise GraphsyncError(
-                f"{site.op.name} ({layer.kind}): its gradient is already built ({reader.name} reads it) by "
+                f"{site.op.name} ({layer.form.value}): its gradient is already built ({reader.name} reads it) by "
                 "ops graphsync cannot pair with this layer, so the backward would use each tower's own "
                 "statistics; build the gradients after graphsync's rewrite, or use a fused batch norm")
 
@@ -237,7 +239,7 @@ def _match_and_pair(graph: tf.Graph, towers, device, process_group, candidates, 
 def _calls_hiding(graph: tf.Graph, candidates) -> tuple[list, list]:
     """The calls hiding a batch norm graphsync does not already understand as a conditional layer
     (match/conditional.py), and the tf.function calls hiding only unfused batch moments."""
-    understood = {c.op for c in candidates if c.kind == "conditional" and c.parts}
+    understood = {c.op for c in candidates if c.form.in_branches and c.parts}
     fused_calls, unfused_calls = _calls_hiding_batch_norm(graph)
     return [op for op in fused_calls if op not in understood], [op for op in unfused_calls if op not in fused_calls]
 
@@ -248,7 +250,7 @@ def _calls_with_statistics(analysis) -> list:
     hiding a batch norm, so that the rule sees it in the main graph and plan/reductions.py
     synchronizes it as if written without tf.function. Calls that only carry the batch (gelu,
     swish) are left alone."""
-    found = [op for op, crossed in analysis.cross.items() if crossed.how == "body" and op.type in hidden.CALL_TYPES]
+    found = [op for op, crossed in analysis.cross.items() if crossed.how is Crossing.BODY and op.type in hidden.CALL_TYPES]
     found += [op for op in analysis.bodies if op.type in hidden.CALL_TYPES and _imported(op)]
     return sorted({op for op in found if not hidden.is_inlined(op)}, key=tf_private.creation_order)
 
@@ -288,7 +290,7 @@ def _pair(live, found_towers, left_out, skipped: list) -> dict:
 def _layers(graph: tf.Graph, by_layer: dict, found_towers, live, explicit: bool, skipped: list) -> list:
     """One validated LayerPlan per paired layer, by name; an unscoped layer with no counterpart in
     a numbered tower is outside every tower (added to `skipped`)."""
-    scopes = match.gradient_scopes(graph) if any(c.kind == "moments" for c in live) else {}
+    scopes = match.gradient_scopes(graph) if any(c.form.spelled_out for c in live) else {}
     layers = []
     for name, cands in sorted(by_layer.items()):
         cands = {t: c for t, c in cands.items() if t in found_towers}
@@ -358,8 +360,8 @@ def _layer_plan(name: str, per_tower, scopes) -> LayerPlan:
         raise GraphsyncError(
             f"layer {name!r} ({present[0].name}) is missing from tower(s) {', '.join(missing)}: "
             "every tower must build the same layers (or pass towers= to choose the towers)")
-    first, kind = present[0], per_tower[0][1].kind
-    if kind == "conditional":
+    first, form = present[0], per_tower[0][1].form
+    if form.in_branches:
         return training_flag.layer_plan(name, per_tower)
     for op in present:
         if tf_private.in_while_loop(op):
@@ -378,7 +380,7 @@ def _layer_plan(name: str, per_tower, scopes) -> LayerPlan:
     rank = _input(per_tower[0][1]).shape.rank
     if rank is None:
         raise GraphsyncError(f"{first.name}: the rank of its input is unknown; set a static rank")
-    if kind == "moments":
+    if form.spelled_out:
         sites = tuple(Site(t, c.op, tuple(_moments_grads(c, scopes)), c.parts) for t, c in per_tower)
         layout = Layout(rank, per_tower[0][1].parts.axes)
         avg, epsilon = 1.0, 0.0
@@ -388,7 +390,7 @@ def _layer_plan(name: str, per_tower, scopes) -> LayerPlan:
         avg = first.get_attr("exponential_avg_factor") if first.type == "FusedBatchNormV3" else 1.0
         epsilon = first.get_attr("epsilon")
     check_gradient_calls(f"layer {name!r}", sites)
-    return LayerPlan(name, kind, sites, layout, epsilon, avg)
+    return LayerPlan(name, form, sites, layout, epsilon, avg)
 
 
 def _moments_grads(cand, scopes) -> list[MomentsGrad]:
@@ -428,9 +430,9 @@ def _input(cand) -> tf.Tensor:
 def _signature(cand) -> dict:
     """The attributes paired ops must share."""
     op = cand.op
-    if cand.kind == "moments":
+    if cand.form.spelled_out:
         x = _input(cand)
-        return {"kind": "moments", "axes": cand.parts.axes, "dtype": x.dtype.name, "rank": x.shape.rank,
+        return {"kind": LayerForm.MOMENTS.value, "axes": cand.parts.axes, "dtype": x.dtype.name, "rank": x.shape.rank,
                 "statistics shape": shapes.text(op.outputs[0].shape[1:]), "keep_dims": cand.parts.keep_dims}
     channels = shapes.dim(op.inputs[1].shape, 0) if op.inputs[1].shape.rank == 1 else None
     return {"kind": op.type, "channels": channels, "dtype": op.inputs[0].dtype.name,

@@ -1,5 +1,5 @@
 """Batch statistics the rule finds (graphsync/plan/rule.py) and no form of graphsync/match/ covers,
-planned as "reduction" layers: a `Sum` or `Mean` over all of a tower's batch axes, whose value
+planned as reduction layers (LayerForm.REDUCTION): a `Sum` or `Mean` over all of a tower's batch axes, whose value
 flows back into the model, becomes the sum over every tower's `Sum` (a `Mean`: divided by every
 tower's count), a `Max` or `Min` the extremum over every tower's, forward and backward
 (graphsync/splice/reduction.py).
@@ -18,8 +18,10 @@ from __future__ import annotations
 import tensorflow as tf
 
 from graphsync import match
+from graphsync.batch_axis.findings import Crossing
 from graphsync.errors import GraphsyncError
 from graphsync.graph import tf_private
+from graphsync.match.layer_form import LayerForm
 from graphsync.match.reductions import const_axes
 from graphsync.plan import tower_dependent
 from graphsync.plan.data import LayerPlan, ReductionGrad, Site, check_gradient_calls
@@ -67,7 +69,7 @@ def synchronizable(op: tf.Operation, analysis) -> bool:
     """Whether the splice can synchronize `op`: a full reduction over the batch (not ghost), of a
     float32/64 tensor of known rank over constant axes, outside control flow."""
     crossed = analysis.cross.get(op)
-    if crossed is None or crossed.how != "reduce" or crossed.partial or op.type not in TYPES:
+    if crossed is None or crossed.how is not Crossing.REDUCE or crossed.partial or op.type not in TYPES:
         return False
     x = op.inputs[0]
     if x.dtype.base_dtype not in _DTYPES or x.shape.rank is None or x.shape.rank == 0:
@@ -105,7 +107,7 @@ def _layer_plan(name: str, sites, scopes) -> LayerPlan | None:
         return None   # a Max/Min gradient whose count of ties cannot be found: refused
     planned = tuple(Site(t, op, tuple(g)) for (t, op), g in zip(sites, grads))
     check_gradient_calls(f"reduction {name!r} ({first.name})", planned)
-    return LayerPlan(name, "reduction", planned, Layout(rank, const_axes(first.inputs[1], rank)), 0.0, 1.0)
+    return LayerPlan(name, LayerForm.REDUCTION, planned, Layout(rank, const_axes(first.inputs[1], rank)), 0.0, 1.0)
 
 
 def _grads(op: tf.Operation, scopes) -> list[ReductionGrad] | None:

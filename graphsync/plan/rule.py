@@ -51,7 +51,7 @@ def covered_ops(graph: tf.Graph, layers, candidates=()) -> dict:
             for op in _statistics(site.op, site.parts):
                 covered[op] = batch_axis.SYNCHRONIZED
     for cand in candidates:
-        if cand.kind == "conditional" and cand.parts is not None and conditional.is_rewritten(cand.op, cand.parts):
+        if cand.form.in_branches and cand.parts is not None and conditional.is_rewritten(cand.op, cand.parts):
             covered[cand.op] = batch_axis.SYNCHRONIZED   # its branches' batch norm: an earlier rewrite's
         if isinstance(cand.skip_reason, PerTower):
             for op in _statistics(cand.op, cand.parts):

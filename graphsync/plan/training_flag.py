@@ -7,6 +7,7 @@ import tensorflow as tf
 
 from graphsync.errors import GraphsyncError
 from graphsync.graph import shapes
+from graphsync.match.layer_form import LayerForm
 from graphsync.plan.data import LayerPlan, Site
 from graphsync.stats import Layout
 
@@ -46,7 +47,7 @@ def layer_plan(name: str, per_tower) -> LayerPlan:
     if sig["rank"] is None:
         raise GraphsyncError(f"{first.name}: the rank of its batch norm's input is unknown; set a static rank")
     sites = tuple(Site(t, c.op, tuple(c.parts.grads), c.parts) for t, c in per_tower)
-    return LayerPlan(name, "conditional", sites, Layout.from_data_format(sig["rank"], sig["data_format"]),
+    return LayerPlan(name, LayerForm.CONDITIONAL, sites, Layout.from_data_format(sig["rank"], sig["data_format"]),
                      node.attr["epsilon"].f, sig["exponential_avg_factor"])
 
 

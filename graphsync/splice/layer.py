@@ -48,16 +48,16 @@ def splice_layer(graph: tf.Graph, layer: LayerPlan, exchange, recompute: str = "
     elementwise ops after it recomputed (graphsync/splice/recompute.py); with "segments", what a
     segment starting at this layer would recompute from is returned (graphsync/splice/segments.py)."""
     count = Spliced()
-    if layer.kind == "conditional":
+    if layer.form.in_branches:
         layer, count.edges = stand_in.stand_in(graph, layer)
     count.layer = layer
-    if layer.kind == "fused":
+    if layer.form.fused_kernel:
         uploads = []
         for site in layer.sites:
             op = site.op
             with pristine_scope(graph, site.device, op.name + "_sync"), graph.control_dependencies(op.control_inputs):
                 uploads.append(fused.kernel_moments(graph, op, exchange.ops))
-        statistics = exchange.moments(graph, layer, layer.sites, uploads, spread="bessel")
+        statistics = exchange.moments(graph, layer, layer.sites, uploads, spread=stats.Spread.BESSEL)
         scales = [fused.forward_read(graph, site.op.inputs[1], site.device, site.op.name + "_sync")
                   for site in layer.sites]
         roots = [recomputation.fused_roots(_fused_forward(graph, layer, site, s, scale, count))

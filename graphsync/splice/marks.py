@@ -34,11 +34,11 @@ def mark(graph: tf.Graph, layer, site, **statistics: tf.Tensor) -> tf.Operation:
     attrs = {"T": attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(
                  type=[t.dtype.as_datatype_enum for t in tensors])),
              Mark.LAYER.value: marks.value(layer.name),
-             Mark.FORM.value: marks.value(layer.shown_kind),
+             Mark.FORM.value: marks.value(layer.shown_kind.value),
              Mark.STATISTICS.value: marks.value(",".join(statistics)),
              # the normalization the layer is part of (plan/normalizations.py), and how it was found
              Mark.NORMALIZATION.value: marks.value(layer.normalization or layer.name),
-             Mark.FOUND_AS.value: marks.value(layer.found_as or layer.shown_kind)}
+             Mark.FOUND_AS.value: marks.value(layer.found_as or layer.shown_kind.value)}
     with pristine_scope(graph, site.device, site.op.name + "_sync"):
         return create_op(graph, "IdentityN", tensors, attrs, MARK)
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from graphsync import stats
+from graphsync.exchange.merges import Merge
 from graphsync.exchange.views import extremum_view
 from graphsync.graph.reroute import reroute_consumers, reroute_control_outputs
 from graphsync.graph.tf_private import pristine_scope
@@ -92,14 +93,14 @@ def _splice_extremum(graph: tf.Graph, layer: LayerPlan, exchange) -> Spliced:
     """A Max or Min: the extremum over the towers, the count of its ties in all towers, and the
     gradient split among them (the module docstring)."""
     count = Spliced(layer=layer)
-    axes, kind = list(layer.layout.axes), layer.sites[0].op.type
-    reduce = tf.reduce_max if kind == "Max" else tf.reduce_min
+    axes, merge = list(layer.layout.axes), Merge(layer.sites[0].op.type)
+    reduce = tf.reduce_max if merge is Merge.MAX else tf.reduce_min
     local = []
     for site in layer.sites:
         with pristine_scope(graph, site.device, site.op.name + "_sync"), \
                 graph.control_dependencies(site.op.control_inputs):
             local.append(reduce(site.op.inputs[0], axes, keepdims=True, name="local_extremum"))
-    extrema = exchange.extrema(graph, layer, layer.sites, local, kind)
+    extrema = exchange.extrema(graph, layer, layer.sites, local, merge)
     ties = []
     for site, (extremum, _) in zip(layer.sites, extrema):
         x = site.op.inputs[0]
@@ -113,7 +114,7 @@ def _splice_extremum(graph: tf.Graph, layer: LayerPlan, exchange) -> Spliced:
                 extremum_view(graph, site, extremum, op.inputs[0], tower_ties, **keys)
             if not op.get_attr("keep_dims"):
                 value = tf.squeeze(value, axes, name="value")
-        marks.mark(graph, layer, site, **{"maximum" if kind == "Max" else "minimum": value})
+        marks.mark(graph, layer, site, **{"maximum" if merge is Merge.MAX else "minimum": value})
         count.edges += reroute_consumers(op.outputs[0], value)
         count.control_edges += reroute_control_outputs(op, [value.op])
     for k in range(len(layer.sites[0].grad_ops)):

@@ -29,6 +29,7 @@ from graphsync.graph.reroute import reroute_consumers, reroute_control_outputs
 from graphsync.graph.tf_private import create_op, pristine_scope, update_input
 from graphsync.graph import marks
 from graphsync.graph.marks import Mark
+from graphsync.match.layer_form import LayerForm
 from graphsync.plan.data import LayerPlan, Site
 
 STAND_IN_GRADIENT = "GraphsyncConditionalStandIn"   # also in match.GRAPHSYNC_GRADIENTS: never differentiated
@@ -142,4 +143,4 @@ def stand_in(graph, layer: LayerPlan) -> tuple[LayerPlan, int]:
                 moved += _reroute(grad.op.outputs[i], merged_zeros)
             moved += reroute_control_outputs(grad.op, [grad_merged[0].op])
         sites.append(Site(site.tower, fused, tuple(g for _, _, g, _, _ in grad_ops)))
-    return dataclasses.replace(layer, kind="fused", sites=tuple(sites)), moved
+    return dataclasses.replace(layer, form=LayerForm.FUSED, sites=tuple(sites)), moved

@@ -29,6 +29,7 @@ import tensorflow as tf
 
 from graphsync import match
 from graphsync.graph import shapes
+from graphsync.match.layer_form import LayerForm
 from graphsync.towers import names as tower_names
 from graphsync.errors import GraphsyncError
 from graphsync.graph.tf_private import is_ref
@@ -343,16 +344,17 @@ class _Analysis:
 
     def _differentiated(self, name: str) -> bool:
         cand = self.candidate[name]
-        if cand.kind == "fused":
+        if cand.form.fused_kernel:
             return bool(match.fused_gradient_ops(cand.op))
         readers = [c for t in cand.op.inputs[:1] for c in t.consumers()]
         return any(is_backward(c) for c in readers)
 
 
 def _signature(cand) -> tuple:
-    """What paired layers must share for names to pair them: the kind and the channels."""
+    """What paired layers must share for names to pair them: fused and the channels, else (a
+    moments or conditional layer) moments and the statistics' shape."""
     op = cand.op
-    if cand.kind == "fused":
+    if cand.form.fused_kernel:
         channels = shapes.dim(op.inputs[1].shape, 0) if op.inputs[1].shape.rank == 1 else None
-        return ("fused", channels)
-    return ("moments", shapes.text(op.outputs[0].shape[1:]))
+        return (LayerForm.FUSED.value, channels)
+    return (LayerForm.MOMENTS.value, shapes.text(op.outputs[0].shape[1:]))

@@ -95,7 +95,7 @@ def layer_figures(subject, drawn, exchanged: list, reordered: list) -> list[Laye
 
         def median(others, places=places):
             return {what: float(np.median([change(what, o) for o in others])) for what in places}
-        found.append(LayerFigures(layer.name, layer.form, layer.synchronized, median(exchanged), median(reordered),
+        found.append(LayerFigures(layer.name, layer.shown_as, layer.synchronized, median(exchanged), median(reordered),
                                   list(layer.members)))
     return found
 

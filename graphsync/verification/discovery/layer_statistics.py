@@ -26,6 +26,7 @@ import tensorflow as tf
 
 from graphsync.errors import GraphsyncError
 from graphsync.graph import order
+from graphsync.match.layer_form import LayerForm
 from graphsync.plan.planner import make_plan
 from graphsync.splice import marks
 from graphsync.towers.scopes import Tower, tower_of
@@ -39,12 +40,19 @@ class LayerStatistics:
 
     name: str                    # as the rewrite names it: the op's name relative to its tower, or the
                                  # normalization's name when several reductions make one
-    form: str                    # fused, moments, reduction, conditional, or how a normalization was found
+    form: LayerForm              # as reports show it (a normalization of several reductions: REDUCTION)
     synchronized: bool           # marked by the splice, else found per tower by the planner
     statistics: dict             # what it is ("mean", "variance", "sum", …) → [tensor name per tower]
     updates: list = dataclasses.field(default_factory=list)   # judged writes' values it feeds
     members: list = dataclasses.field(default_factory=list)   # a normalization's reductions (their layer names)
     normalization: tuple = ()    # (the normalization it belongs to, how it was found), until grouped
+    found_as: str = ""           # for display only: how a normalization of several reductions was found
+
+    @property
+    def shown_as(self) -> str:
+        """What verify shows as the layer's form: how a normalization of several reductions was
+        found ("reductions: mean + mean of squares"), else its form."""
+        return self.found_as or self.form.value
 
     @property
     def tensors(self) -> list[str]:
@@ -76,7 +84,7 @@ def _marked(graph: tf.Graph, towers: list[Tower]) -> list[LayerStatistics]:
     for (name, form, (normalization, found_as)), sites in by_layer.items():
         sites.sort(key=lambda item: item[0])
         what = list(sites[0][1])
-        layers.append(LayerStatistics(name, form, True, {w: [s[w].name for _, s in sites] for w in what},
+        layers.append(LayerStatistics(name, LayerForm(form), True, {w: [s[w].name for _, s in sites] for w in what},
                                       normalization=(normalization, found_as)))
     return layers
 
@@ -95,7 +103,7 @@ def _per_tower(graph: tf.Graph, tower_option, notes: list) -> list[LayerStatisti
                      "judged end to end only (rewrite inlines them)")
     return [LayerStatistics(layer.name, layer.shown_kind, False,
                             {what: [t.name for t in tensors] for what, tensors in _site_statistics(layer).items()},
-                            normalization=(layer.normalization_name, layer.found_as or layer.shown_kind))
+                            normalization=(layer.normalization_name, layer.found_as or layer.shown_kind.value))
             for layer in plan.layers]
 
 
@@ -114,8 +122,9 @@ def _normalizations(graph: tf.Graph, layers: list[LayerStatistics]) -> list[Laye
         prefix = normalization + "/"
         statistics = {f"{what} ({part.name[len(prefix):] if part.name.startswith(prefix) else part.name})": tensors
                       for part in parts for what, tensors in part.statistics.items()}
-        found.append(LayerStatistics(normalization, parts[0].normalization[1], synchronized, statistics,
-                                     members=[part.name for part in parts], normalization=parts[0].normalization))
+        found.append(LayerStatistics(normalization, parts[0].form, synchronized, statistics,
+                                     members=[part.name for part in parts], normalization=parts[0].normalization,
+                                     found_as=parts[0].normalization[1]))
     return found
 
 
@@ -123,19 +132,8 @@ def _site_statistics(layer) -> dict:
     """What → [tensor per tower] for a planned layer: what each tower's readers read now."""
     found: dict = collections.defaultdict(list)
     for site in layer.sites:
-        op, parts = site.op, site.parts
-        if layer.kind == "moments":
-            found["mean"].append(op.outputs[0])
-            found["variance"].append(parts.variance.outputs[0])
-        elif layer.kind == "reduction":
-            found[{"Max": "maximum", "Min": "minimum", "Mean": "mean"}.get(op.type, "sum")].append(op.outputs[0])
-        elif layer.kind == "conditional":   # an If training one fused op: its batch mean and variance outputs
-            for what, index in (("mean", 1), ("variance", 2)):
-                if index in parts.outputs:
-                    found[what].append(op.outputs[parts.outputs[index]])
-        else:   # a fused op: its reserve outputs hold the batch mean and biased variance it normalizes with
-            found["mean"].append(op.outputs[3])
-            found["variance"].append(op.outputs[4])
+        for what, tensor in layer.form.statistics(site).items():
+            found[what].append(tensor)
     return {what: tensors for what, tensors in found.items() if len(tensors) == len(layer.sites)}
 
 

@@ -74,9 +74,9 @@ def statistic_tensors(graph: tf.Graph) -> set:
         elif _forward_exchange(op):
             found.update(t.ref() for t in op.outputs)
     for cand in match.candidates(graph):
-        if cand.kind == "moments":
+        if cand.form.spelled_out:
             found.update(t.ref() for op in (cand.op, cand.parts.variance) for t in op.outputs)
-        elif cand.kind == "conditional" and cand.parts:
+        elif cand.form.in_branches and cand.parts:
             outputs = cand.parts.outputs
             found.update(cand.op.outputs[outputs[i]].ref() for i in _STATISTIC_OUTPUTS if i in outputs)
     return found

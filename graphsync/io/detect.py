@@ -174,12 +174,12 @@ def _parse_binary(data: bytes, path: str, hint: str | None):
 
 def _validate(kind: str, message, path: str) -> None:
     """Checks a parsed message looks like a graph (binary garbage often parses as something)."""
-    if kind == SAVEDMODEL:
+    if kind is SAVEDMODEL:
         if not message.meta_graphs:
             raise GraphFileError(f"{path}: the SavedModel holds no meta graph")
         for meta in message.meta_graphs:
             _validate_graph_def(meta.graph_def, path, "SavedModel")
-    elif kind == METAGRAPH:
+    elif kind is METAGRAPH:
         _validate_graph_def(message.graph_def, path, kind)
     else:
         _validate_graph_def(message, path, kind)

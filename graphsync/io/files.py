@@ -32,21 +32,21 @@ class LoadedGraph:
 
     @property
     def format(self) -> str:
-        if self.kind == SAVEDMODEL:
+        if self.kind is SAVEDMODEL:
             return "savedmodel"
-        return ("graphdef" if self.kind == GRAPHDEF else "metagraph") + ("-text" if self.text else "")
+        return ("graphdef" if self.kind is GRAPHDEF else "metagraph") + ("-text" if self.text else "")
 
     @property
     def meta_graph(self):
         """The MetaGraphDef the graph came from (None for a GraphDef)."""
-        if self.kind == SAVEDMODEL:
+        if self.kind is SAVEDMODEL:
             return self.message.meta_graphs[self.meta_graph_index]
-        return self.message if self.kind == METAGRAPH else None
+        return self.message if self.kind is METAGRAPH else None
 
     @property
     def graph_def(self):
         """The GraphDef as read."""
-        return self.message if self.kind == GRAPHDEF else self.meta_graph.graph_def
+        return self.message if self.kind is GRAPHDEF else self.meta_graph.graph_def
 
     @property
     def tags(self) -> tuple[str, ...]:
@@ -56,7 +56,7 @@ class LoadedGraph:
     @property
     def description(self) -> str:
         what = f"text {self.kind}" if self.text else self.kind
-        if self.kind == SAVEDMODEL:
+        if self.kind is SAVEDMODEL:
             what += f" (tags {', '.join(self.tags) or 'none'})"
         return what
 
@@ -75,10 +75,10 @@ def load(path: str, tags=None) -> LoadedGraph:
         raise PathError(f"tags apply only to SavedModel directories, and {path} is a file")
     data = _read(path)
     kind, message, text = detect.parse(data, path, detect.hint_from_name(path))
-    if kind == SAVEDMODEL:
+    if kind is SAVEDMODEL:
         raise PathError(f"{path} belongs to a SavedModel: pass its directory {os.path.dirname(path) or '.'}")
-    meta = message if kind == METAGRAPH else None
-    graph = _import(message if kind == GRAPHDEF else message.graph_def, meta, path, kind)
+    meta = message if kind is METAGRAPH else None
+    graph = _import(message if kind is GRAPHDEF else message.graph_def, meta, path, kind)
     return LoadedGraph(graph, path, kind, text, message)
 
 
@@ -109,12 +109,12 @@ def output_format(loaded: LoadedGraph, path: str, fmt: str | None = None) -> str
     if fmt:
         if fmt not in FORMATS:
             raise PathError(f"unknown format {fmt!r}: choose one of {', '.join(FORMATS)}")
-        if fmt == "savedmodel" and loaded.kind != SAVEDMODEL:
+        if fmt == "savedmodel" and loaded.kind is not SAVEDMODEL:
             raise PathError(f"cannot write a SavedModel from a {loaded.kind}: there are no variables to "
                             "put in it; write a .meta or .pb instead")
         return fmt
     name = os.path.basename(os.path.normpath(path)).lower()
-    kind = "graphdef" if loaded.kind == GRAPHDEF else "metagraph"
+    kind = "graphdef" if loaded.kind is GRAPHDEF else "metagraph"
     if name.endswith(".meta"):
         return "metagraph"
     if name.endswith((".meta.txt", ".meta.pbtxt", ".metatxt")):
@@ -187,7 +187,7 @@ def _load_savedmodel(directory: str, tags: frozenset | None) -> LoadedGraph:
         raise GraphFileError(f"{directory} is a directory but not a SavedModel (no saved_model.pb)")
     path = os.path.join(directory, files[0])
     kind, saved_model, _ = detect.parse(_read(path), path, SAVEDMODEL)
-    if kind != SAVEDMODEL:
+    if kind is not SAVEDMODEL:
         raise GraphFileError(f"{path} holds a {kind}, not a SavedModel")
     available = [frozenset(meta.meta_info_def.tags) for meta in saved_model.meta_graphs]
     listed = ", ".join(_format_tags(t) for t in available)
@@ -228,7 +228,7 @@ def _serialize(message, text: bool, path: str) -> bytes:
 
 
 def _save_savedmodel(loaded: LoadedGraph, path: str) -> None:
-    if loaded.kind != SAVEDMODEL:
+    if loaded.kind is not SAVEDMODEL:
         raise PathError(f"cannot write a SavedModel from a {loaded.kind}")
     if os.path.exists(path) and not os.path.isdir(path):
         raise PathError(f"{path} exists and is not a directory: a SavedModel is written as a directory")

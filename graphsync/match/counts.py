@@ -82,24 +82,24 @@ def _evaluate(tensor, source, dims, memo, budget):
 
 
 def _apply(op, args):
-    kind = op.type
-    if kind == "Cast":
+    op_type = op.type
+    if op_type == "Cast":
         return args[0].astype(op.outputs[0].dtype.as_numpy_dtype)
-    if kind in ("Identity", "Squeeze"):
-        return np.squeeze(args[0]) if kind == "Squeeze" else args[0]
-    if kind == "Reshape":
+    if op_type in ("Identity", "Squeeze"):
+        return np.squeeze(args[0]) if op_type == "Squeeze" else args[0]
+    if op_type == "Reshape":
         return np.reshape(args[0], args[1])
-    if kind == "Prod":
+    if op_type == "Prod":
         return np.prod(args[0], axis=tuple(np.ravel(args[1])), keepdims=bool(op.get_attr("keep_dims")))
-    if kind in ("GatherV2", "Gather"):
-        return np.take(args[0], args[1], axis=int(args[2]) if kind == "GatherV2" else 0)
-    if kind == "Mul":
+    if op_type in ("GatherV2", "Gather"):
+        return np.take(args[0], args[1], axis=int(args[2]) if op_type == "GatherV2" else 0)
+    if op_type == "Mul":
         return args[0] * args[1]
-    if kind == "Pack":
+    if op_type == "Pack":
         return np.stack(args, axis=op.get_attr("axis"))
-    if kind == "ConcatV2":
+    if op_type == "ConcatV2":
         return np.concatenate(args[:-1], axis=int(args[-1]))
-    if kind == "StridedSlice":
+    if op_type == "StridedSlice":
         return _strided_slice_1d(op, *args)
     raise _NotACount
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from graphsync.errors import GraphsyncError
 from graphsync.verification.discovery import Input
+from graphsync.verification.discovery.inputs import Feed
 
 UNKNOWN_DIM = 16   # for dimensions other than the batch that the graph leaves open
 DEFAULT_PER_TOWER = 4
@@ -65,12 +66,12 @@ class Batch:
         splits = np.cumsum(self.sizes)[:-1]
         for item in self.inputs:
             value = self.values[tuple(item.tensors)]
-            if item.kind == "fixed":
+            if item.kind is Feed.FIXED:
                 feed[graph.get_tensor_by_name(item.tensors[0])] = value
                 continue
             if order is not None:
                 value = value[order]
-            parts = np.split(value, splits) if item.kind == "per_tower" else [value]
+            parts = np.split(value, splits) if item.kind is Feed.PER_TOWER else [value]
             for name, part in zip(item.tensors, parts):
                 feed[graph.get_tensor_by_name(name)] = part
         return feed
@@ -113,7 +114,7 @@ def draw(inputs: list[Input], towers: int, batch_size, seed: int, group_size: in
     offset = rng.normal(0.0, 1.0, total)
     values, notes = {}, []
     for item in inputs:
-        if item.kind == "fixed":
+        if item.kind is Feed.FIXED:
             values[tuple(item.tensors)] = item.value
             continue
         shape = tuple(UNKNOWN_DIM if d is None else d for d in item.example_shape)
@@ -131,7 +132,7 @@ def draw(inputs: list[Input], towers: int, batch_size, seed: int, group_size: in
         else:
             value = rng.uniform(size=(total,) + shape) < 0.5
         values[tuple(item.tensors)] = value
-    fixed = any(size is not None for item in inputs if item.kind in ("per_tower", "shared")
+    fixed = any(size is not None for item in inputs if item.kind in (Feed.PER_TOWER, Feed.SHARED)
                 for size in item.static_batches)
     permutation = _group_exchange(sizes, group, rng, fixed)
     return Batch(inputs, sizes, group, values, permutation, notes, seed, fixed)
@@ -155,12 +156,12 @@ def tower_sizes(inputs, towers: int, batch_size) -> list[int]:
     `batch_size` (one number or one per tower), else DEFAULT_PER_TOWER."""
     fixed: list[set] = [set() for _ in range(towers)]
     for item in inputs:
-        if item.kind == "per_tower":
+        if item.kind is Feed.PER_TOWER:
             for known, size in zip(fixed, item.static_batches):
                 if size is not None:
                     known.add(int(size))
     for item in inputs:
-        total = item.static_batches[0] if item.kind == "shared" else None
+        total = item.static_batches[0] if item.kind is Feed.SHARED else None
         if total is None:
             continue
         if all(known for known in fixed):

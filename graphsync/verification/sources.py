@@ -6,6 +6,7 @@ import os
 import tensorflow as tf
 
 from graphsync.verification import data
+from graphsync.verification.discovery.inputs import Feed
 
 
 def load(graph, tags):
@@ -28,9 +29,9 @@ def describe(item, batch) -> dict:
     """One input as the report shows it: the shape fed to each tensor, and where it was found."""
     per_example = [data.UNKNOWN_DIM if d is None else d for d in item.example_shape]
     sizes = "|".join(str(n) for n in sorted(set(batch.sizes), key=batch.sizes.index))
-    examples = sizes if item.kind == "per_tower" else batch.examples
-    shape = per_example if item.kind == "fixed" else [examples] + per_example
-    value = item.value.tolist() if item.kind == "fixed" and hasattr(item.value, "tolist") else None
+    examples = sizes if item.kind is Feed.PER_TOWER else batch.examples
+    shape = per_example if item.kind is Feed.FIXED else [examples] + per_example
+    value = item.value.tolist() if item.kind is Feed.FIXED and hasattr(item.value, "tolist") else None
     return {"name": item.label, "kind": item.kind, "dtype": item.dtype.name,
             "shape": "[" + ", ".join(str(d) for d in shape) + "]",
             "classes": item.classes, "classes_from": item.classes_from, "value": value, "origin": item.origin}

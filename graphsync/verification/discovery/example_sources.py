@@ -9,6 +9,8 @@ without reading any (placeholders, input pipelines, random tensors), found by op
 """
 from __future__ import annotations
 
+import enum
+
 import dataclasses
 
 import tensorflow as tf
@@ -24,15 +26,24 @@ RANDOM_TYPES = ("RandomUniform", "RandomStandardNormal", "TruncatedNormal", "Ran
                 "StatelessRandomUniform", "StatelessRandomNormal", "StatelessTruncatedNormal",
                 "StatelessRandomUniformInt", "StatelessRandomUniformV2", "StatelessRandomNormalV2",
                 "StatelessTruncatedNormalV2", "StatelessRandomUniformIntV2")
-KINDS = {**{t: "placeholder" for t in PLACEHOLDER_TYPES}, **{t: "pipeline" for t in PIPELINE_TYPES},
-         **{t: "random" for t in RANDOM_TYPES}}
-DESCRIBED = {"placeholder": "a placeholder", "pipeline": "an input pipeline", "random": "a random tensor"}
+class SourceKind(enum.StrEnum):
+    """What makes a source's examples; its description is how the report names it."""
+
+    PLACEHOLDER = "placeholder"
+    PIPELINE = "pipeline"
+    RANDOM = "random"
+
+
+KINDS = {**{t: SourceKind.PLACEHOLDER for t in PLACEHOLDER_TYPES}, **{t: SourceKind.PIPELINE for t in PIPELINE_TYPES},
+         **{t: SourceKind.RANDOM for t in RANDOM_TYPES}}
+DESCRIBED = {SourceKind.PLACEHOLDER: "a placeholder", SourceKind.PIPELINE: "an input pipeline",
+             SourceKind.RANDOM: "a random tensor"}
 
 
 @dataclasses.dataclass
 class Source:
     tensor: tf.Tensor
-    kind: str            # placeholder, pipeline, random
+    kind: SourceKind
 
     @property
     def what(self) -> str:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 
 import numpy as np
 import tensorflow as tf
@@ -9,6 +10,14 @@ import tensorflow as tf
 from graphsync.graph import shapes
 from graphsync.errors import GraphsyncError
 from graphsync.verification.discovery import classes, names
+
+
+class Feed(enum.StrEnum):
+    """How an input is fed (`Input.kind`)."""
+
+    PER_TOWER = "per_tower"
+    SHARED = "shared"
+    FIXED = "fixed"
 
 
 @dataclasses.dataclass
@@ -20,7 +29,7 @@ class Input:
            "fixed"      not batch-shaped (a flag, a learning rate): fed the same value in both runs
     """
 
-    kind: str
+    kind: Feed
     tensors: list[str]
     dtype: tf.DType
     example_shape: tuple          # shape of one example ("fixed": the whole value's shape)
@@ -33,10 +42,10 @@ class Input:
 
     @property
     def label(self) -> str:
-        return self.tensors[0] if self.kind != "per_tower" else names.tower_pattern(self.tensors)
+        return self.tensors[0] if self.kind is not Feed.PER_TOWER else names.tower_pattern(self.tensors)
 
 
-def batch(graph: tf.Graph, kind: str, tensor_names: list[str], num_classes, origin: str = "") -> Input:
+def batch(graph: tf.Graph, kind: Feed, tensor_names: list[str], num_classes, origin: str = "") -> Input:
     """A batch-shaped input (first axis = examples) fed random examples."""
     tensor = graph.get_tensor_by_name(tensor_names[0])
     shape = tensor.shape
@@ -78,7 +87,7 @@ def fixed(tensor: tf.Tensor) -> Input:
     else:
         raise GraphsyncError(f"cannot tell what to feed {tensor.name} ({dtype.name}): pass --feed NAME=VALUE")
     array = np.full(tensor.shape.as_list(), value, dtype.as_numpy_dtype)
-    return Input("fixed", [tensor.name], dtype, tuple(array.shape), [None], value=array, origin="a placeholder")
+    return Input(Feed.FIXED, [tensor.name], dtype, tuple(array.shape), [None], value=array, origin="a placeholder")
 
 
 def given(tensor: tf.Tensor, value) -> Input:
@@ -87,4 +96,4 @@ def given(tensor: tf.Tensor, value) -> Input:
         array = np.asarray(value, tensor.dtype.base_dtype.as_numpy_dtype)
     except (TypeError, ValueError):
         raise GraphsyncError(f"cannot feed {value!r} to {tensor.name} ({tensor.dtype.base_dtype.name})") from None
-    return Input("fixed", [tensor.name], tensor.dtype.base_dtype, array.shape, [None], value=array, origin="--feed")
+    return Input(Feed.FIXED, [tensor.name], tensor.dtype.base_dtype, array.shape, [None], value=array, origin="--feed")

@@ -11,7 +11,8 @@ from graphsync.towers.scopes import Tower
 from graphsync.verification.discovery import (batch_norm, copies as tower_copies, entries, example_sources as sources,
                                               inputs, layer_statistics, loss as losses, names, pairing, state,
                                               statistics, synthetic, tower_scopes)
-from graphsync.verification.discovery.inputs import Input, given as given_input
+from graphsync.verification.discovery.example_sources import SourceKind
+from graphsync.verification.discovery.inputs import Feed, Input, given as given_input
 from graphsync.verification.discovery.state import Variable
 
 
@@ -68,14 +69,14 @@ def discover(graph: tf.Graph, *, towers=None, inputs=None, loss=None, num_classe
     fetches = [graph.get_tensor_by_name(n) for n in loss_tensors + gradients]
     found_notes: list[str] = []
     found_inputs = by_user + _found(graph, found_towers, fetches, user_tensors, num_classes, found_notes)
-    if not (fetches and any(i.kind in ("per_tower", "shared") for i in found_inputs)):
+    if not (fetches and any(i.kind in (Feed.PER_TOWER, Feed.SHARED) for i in found_inputs)):
         # no optimizer, and a first loss no example reaches (or none): what the other losses and the writes read
         fetches = [graph.get_tensor_by_name(n) for names_, _ in loss_options[1:] for n in names_] + \
             [w.inputs[1] for w in writes]
         found_notes = []
         found_inputs = by_user + _found(graph, found_towers, fetches, user_tensors, num_classes, found_notes)
     notes.extend(found_notes)
-    if not any(i.kind in ("per_tower", "shared") for i in found_inputs):
+    if not any(i.kind in (Feed.PER_TOWER, Feed.SHARED) for i in found_inputs):
         raise GraphsyncError("found no batch input to feed (no placeholder, input pipeline or random input "
                              "read by the towers): name the tensors that carry each tower's examples with "
                              "--input NAME")
@@ -132,8 +133,8 @@ def _named(graph, towers, name, num_classes) -> Input:
     one tower's tensor), else one tensor holding the whole batch."""
     in_towers = names.per_tower(graph, towers, name)
     if in_towers:
-        return inputs.batch(graph, "per_tower", in_towers, num_classes, origin="--input")
-    return inputs.batch(graph, "shared", [names.tensor(graph, name).name], num_classes, origin="--input")
+        return inputs.batch(graph, Feed.PER_TOWER, in_towers, num_classes, origin="--input")
+    return inputs.batch(graph, Feed.SHARED, [names.tensor(graph, name).name], num_classes, origin="--input")
 
 
 def _found(graph, towers, fetches, user_tensors, num_classes, notes) -> list[Input]:
@@ -150,8 +151,8 @@ def _found(graph, towers, fetches, user_tensors, num_classes, notes) -> list[Inp
             continue
         for tower, tensors in where.items():
             for entry in tensors:
-                read = entry if source.kind == "placeholder" else synthetic.read_tensor(entry, needed)
-                if source.kind == "random" and synthetic.is_noise(tensor, read, needed):
+                read = entry if source.kind is SourceKind.PLACEHOLDER else synthetic.read_tensor(entry, needed)
+                if source.kind is SourceKind.RANDOM and synthetic.is_noise(tensor, read, needed):
                     # fed as drawn, so only where the tower reads the random op's output itself
                     noise.append(pairing.Entry(tower, tensor if entry is tensor else entry,
                                                "noise in each tower (dropout?), drawn as the graph draws it and "
@@ -165,16 +166,16 @@ def _found(graph, towers, fetches, user_tensors, num_classes, notes) -> list[Inp
     found = []
     for group in sorted(pairing.pair(found_entries, towers, needed, tower_of_op), key=_images_first):
         tensor_names = [e.tensor.name for e in group]
-        found.append(inputs.batch(graph, "per_tower", tensor_names, num_classes, origin=group[0].origin))
+        found.append(inputs.batch(graph, Feed.PER_TOWER, tensor_names, num_classes, origin=group[0].origin))
     for source in whole:
         tensor = source.tensor
-        if source.kind != "placeholder":
+        if source.kind is not SourceKind.PLACEHOLDER:
             if tensor.shape.rank:
-                found.append(inputs.batch(graph, "shared", [tensor.name], num_classes,
+                found.append(inputs.batch(graph, Feed.SHARED, [tensor.name], num_classes,
                                           origin=f"{source.what}, read as a whole"))
             continue
         if tensor.shape.rank and shapes.dim(tensor.shape, 0) is None:
-            found.append(inputs.batch(graph, "shared", [tensor.name], num_classes,
+            found.append(inputs.batch(graph, Feed.SHARED, [tensor.name], num_classes,
                                       origin=f"{source.what}, read as a whole"))
         else:
             found.append(inputs.fixed(tensor))
@@ -186,7 +187,7 @@ def _noise(graph, towers, noise: list, found: list, needed, tower_of_op, notes) 
     """Dropout masks and noise, fed from their own distribution and exchanged with their examples
     (a mask that stayed in place while the examples moved would change every figure). Noise that
     cannot be fed that way (shape unknown, not per example) draws new values in every run: said."""
-    sizes = {tuple(i.static_batches) for i in found if i.kind == "per_tower" and any(i.static_batches)}
+    sizes = {tuple(i.static_batches) for i in found if i.kind is Feed.PER_TOWER and any(i.static_batches)}
     fed, left = [], []
     feedable = [e for e in noise if e.tensor is e.source and synthetic.distribution(e.tensor)
                 and e.tensor.shape.rank and e.tensor.shape[1:].is_fully_defined()]
@@ -199,7 +200,7 @@ def _noise(graph, towers, noise: list, found: list, needed, tower_of_op, notes) 
         batches = tuple(shapes.dim(e.tensor.shape, 0) for e in group)
         per_example = batches in sizes if sizes else all(b is None or b > 1 for b in batches)
         if all(b is None for b in batches) or per_example:
-            item = inputs.batch(graph, "per_tower", [e.tensor.name for e in group], None, origin=group[0].origin)
+            item = inputs.batch(graph, Feed.PER_TOWER, [e.tensor.name for e in group], None, origin=group[0].origin)
             item.draw = synthetic.distribution(group[0].tensor)
             fed.append(item)
         else:

@@ -359,7 +359,7 @@ def test_cross_entropy_with_labels_from_the_data_does_not_end_the_trace():
     for i in range(2):
         loss = graph.get_operation_by_name(f"tower_{i}/model/dense_loss")
         assert analysis.cross[loss].how == "reduce"
-        assert batch_axis.verdict(analysis, analysis.cross[loss])[0] == batch_axis.TERMINAL
+        assert batch_axis.judge(analysis, analysis.cross[loss])[0] == batch_axis.Verdict.TERMINAL
 
 
 def test_a_statistic_whose_readers_outgrow_the_walk_is_not_judged_terminal():
@@ -377,9 +377,9 @@ def test_a_statistic_whose_readers_outgrow_the_walk_is_not_judged_terminal():
         (x - far) * w
     analysis = batch_axis.analyze(graph)
     crossed = analysis.cross[m.op]
-    assert batch_axis.verdict(analysis, crossed)[0] == batch_axis.STATISTIC
-    verdict, why = batch_axis.verdict(analysis, crossed, budget=10)
-    assert verdict == batch_axis.STATISTIC and "more than 10 ops, not all followed" in why, why
+    assert batch_axis.judge(analysis, crossed)[0] == batch_axis.Verdict.STATISTIC
+    verdict, why = batch_axis.judge(analysis, crossed, budget=10)
+    assert verdict == batch_axis.Verdict.STATISTIC and "more than 10 ops, not all followed" in why, why
 
 
 def _read_back_bitcast(h):

@@ -142,7 +142,7 @@ def _with_reductions(graph: tf.Graph, plan: Plan, rows, analysis, covered: dict,
     Between worker processes (`processes`) one tower per graph has peers too: its reductions are
     summed over every worker's towers by the same exchange as the batch norms (collectives, or
     queues on a parameter server)."""
-    if not any(r.verdict == "refused" and r.type in reductions.TYPES for r in rows):
+    if not any(r.verdict is batch_axis.Verdict.REFUSED and r.type in reductions.TYPES for r in rows):
         return plan, rows, covered
     if processes:
         towers = list(plan.towers) or find_towers([], [ROOT])
@@ -151,7 +151,7 @@ def _with_reductions(graph: tf.Graph, plan: Plan, rows, analysis, covered: dict,
             [Tower(i, t.prefix) for i, t in enumerate(rule.rule_towers(analysis, plan.towers, explicit))]
     layers, dependent = reductions.layer_plans(graph, rows, analysis, towers, processes)
     if layers:
-        covered = {**covered, **{site.op: rule.REDUCTION for layer in layers for site in layer.sites}}
+        covered = {**covered, **{site.op: rule.SUMMED_REDUCTION for layer in layers for site in layer.sites}}
         rows, _ = rule.verdicts(graph, towers, explicit, covered, analysis=analysis, processes=processes)
         plan = dataclasses.replace(plan, towers=tuple(towers), layers=plan.layers + tuple(layers),
                                    device=plan.device or default_device(layers[0].sites[0].op),

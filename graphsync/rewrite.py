@@ -187,7 +187,7 @@ def _say_kept_per_tower(kept: list) -> None:
 
 def _say_unfollowed(found: tuple) -> None:
     """A GraphsyncWarning when a reduction past where the batch axis's trace ended is read back
-    into the model (graphsync/match/unfollowed.py): it may be a batch statistic left per tower.
+    into the model (graphsync/batch_axis/unfollowed.py): it may be a batch statistic left per tower.
     (Past an op type without a rule the plan has refused already: the user can declare it.)"""
     if found:
         more = f" (and {len(found) - 1} more: graphsync inspect)" if len(found) > 1 else ""

@@ -185,7 +185,7 @@ def _uneven_towers(tail):
 def test_a_reduction_past_where_the_trace_ended_read_back_is_said_in_one_line():
     """Past a reshape whose target the tracer cannot read the batch's axes are unknown: a mean
     there that the model reads back may be a batch statistic, and graphsync says so
-    (match/unfollowed.py). No declaration could help, so it is a warning, not a refusal."""
+    (batch_axis/unfollowed.py). No declaration could help, so it is a warning, not a refusal."""
     def tail(h):
         shape = tf1.Variable(h.shape.as_list(), trainable=False, name="shape")
         h = tf.ensure_shape(tf.reshape(h, shape.read_value()), h.shape)   # a target held in a variable: not read

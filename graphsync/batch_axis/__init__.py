@@ -14,7 +14,7 @@ value is a batch statistic to synchronize, or stays per tower (a Judgement: a Ve
     registry          the table: op type → rule, one family per type; Context, End
     findings          what the trace finds: Analysis, CrossOp, Ended
     verdicts          where a cross-example value goes: statistic, terminal, ghost, order, synchronized
-    walks             forward readers, reads of a variable (borrowed by match/ and plan/)
+    unfollowed        reductions past where the trace ended that the model reads back: refused or said
     axes              what rules of several families read: the input carrying the batch, constant axes
 
     the families (the table's rows: adding an op type touches one of these)
@@ -45,7 +45,6 @@ from graphsync.batch_axis.per_example import PER_EXAMPLE_ENV, declared_per_examp
 from graphsync.batch_axis.reductions import REDUCTION_TYPES
 from graphsync.batch_axis.trace import NO_RULE, SOURCES, analyze
 from graphsync.batch_axis.verdicts import GRAPHSYNC_VIEWS, Judgement, Verdict, judge
-from graphsync.batch_axis.walks import forward_readers, reads_variable
 
 # Each family module registers its op types' rules when imported: all of them, before any trace.
 FAMILIES = (elementwise, no_batch, per_example, fused_batch_norm, reductions, order, contractions,
@@ -53,4 +52,4 @@ FAMILIES = (elementwise, no_batch, per_example, fused_batch_norm, reductions, or
 
 __all__ = ["Analysis", "CrossOp", "ELEMENTWISE", "Ended", "FAMILIES", "GRAPHSYNC_VIEWS", "Judgement", "NO_RULE",
            "ORDER_TYPES", "PER_EXAMPLE_ENV", "REDUCTION_TYPES", "SOURCES", "Verdict", "analyze",
-           "declared_per_example", "forward_readers", "judge", "reads_variable"]
+           "declared_per_example", "judge"]

@@ -30,6 +30,7 @@ from graphsync.batch_axis.findings import Analysis, CrossOp
 from graphsync.batch_axis.registry import End, register
 from graphsync.batch_axis.verdicts import Verdict, judge
 from graphsync.graph import tf_private
+from graphsync.graph.walks import descendants
 
 CALLS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
 IFS = frozenset({"If", "StatelessIf"})
@@ -185,14 +186,7 @@ def _outputs_reached(body: Analysis, start: tf.Operation) -> tuple:
     index = {}
     for k, t in enumerate(body.outputs):   # a loop variable passed through may be several outputs
         index.setdefault(t.ref(), []).append(k)
-    found, seen, stack = set(), {start}, [start]
-    while stack:
-        for t in stack.pop().outputs:
-            found.update(index.get(t.ref(), ()))
-            for reader in t.consumers():
-                if reader not in seen:
-                    seen.add(reader)
-                    stack.append(reader)
+    found = {k for op in descendants([start]) for t in op.outputs for k in index.get(t.ref(), ())}
     return tuple(sorted(found))
 
 

@@ -26,7 +26,7 @@ import tensorflow as tf
 
 from graphsync.batch_axis.findings import Analysis, CrossOp
 from graphsync.batch_axis.registry import family_of
-from graphsync.batch_axis.walks import reads_variable
+from graphsync.graph.walks import reads_variable
 from graphsync.graph.backward import has_backward, is_backward
 from graphsync.match.fused import gradient_type
 

@@ -7,5 +7,6 @@
     op_types    op types several stages recognize (collectives)
     backward    which ops belong to a backward pass, by structure (never by a scope's name)
     tape        which forward op each of a GradientTape's gradient functions differentiated
+    walks       walks every stage takes: forward readers, reads of a variable, descendants
     ref_races   reads of TF1 ref variables that race their own update in one step
 """

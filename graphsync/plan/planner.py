@@ -14,7 +14,8 @@ from graphsync import batch_axis, match
 from graphsync.graph.backward import is_backward
 from graphsync.errors import GraphsyncError, NoTowersError
 from graphsync.graph import by_type, order, shapes, tf_private
-from graphsync.match import hidden, unfollowed
+from graphsync.batch_axis import unfollowed
+from graphsync.match import hidden
 from graphsync.match.candidate import MomentsParts
 from graphsync.plan import left_alone, normalizations, reductions, rule, shared_tasks, training_flag
 from graphsync.plan.data import LayerPlan, MomentsGrad, Plan, Site, check_gradient_calls
@@ -77,7 +78,7 @@ def make_plan(graph: tf.Graph, towers=None, device: str | None = None, *, strate
 
 def _refusals(graph: tf.Graph, plan: Plan, refuse: bool) -> Plan:
     """Raises the first refusal: a batch statistic no layer synchronizes (plan/rule.py), then an op
-    type without a rule read back (match/unfollowed.py), then towers that normalize per tower while
+    type without a rule read back (batch_axis/unfollowed.py), then towers that normalize per tower while
     the plan synchronizes nothing (plan/left_alone.py); without `refuse`, keeps its line instead."""
     try:
         rule.refuse(plan.cross_example)
@@ -124,7 +125,7 @@ def _backward_reader(ops, depth: int = 4):
 
 
 def _unfollowed(plan: Plan, analysis, covered: dict, process_group) -> tuple:
-    """The reductions the rule could not check (match/unfollowed.py), where towers could differ:
+    """The reductions the rule could not check (batch_axis/unfollowed.py), where towers could differ:
     several towers in the graph (the plan's, else those the trace ended in), or worker processes."""
     towers = list(plan.towers)
     if len(towers) < 2 and process_group is None:

@@ -54,7 +54,8 @@ from graphsync.graph import marks, tf_private
 from graphsync.graph.marks import Mark
 from graphsync.graph.op_types import FUSED_BATCH_NORM_TYPES, SHAPE_TYPES
 from graphsync.graph.backward import is_backward, judge_again
-from graphsync.splice.recompute import Recomputed, copy_ops, downstream_of, incoming_gradients
+from graphsync.graph.walks import descendants
+from graphsync.splice.recompute import Recomputed, copy_ops, incoming_gradients
 
 _SHAPE_TYPES = frozenset(SHAPE_TYPES)
 _LOOP_TYPES = frozenset({"Enter", "RefEnter", "Exit", "RefExit", "NextIteration", "RefNextIteration",
@@ -183,7 +184,7 @@ def recompute_region(graph: tf.Graph, region: set, after: set = frozenset(), bui
     if not readers:
         return Recomputed(), set()
     all_readers = {r for _, rs in readers.values() for r in rs}
-    downstream = downstream_of(all_readers)
+    downstream = descendants(all_readers, control=True)
     wait = incoming_gradients(all_readers, set(readers), downstream)
     if not wait:
         return Recomputed(), set()   # nothing to wait for: copies would run with the forward, saving nothing

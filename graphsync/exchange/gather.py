@@ -12,7 +12,8 @@ from graphsync import stats
 from graphsync.exchange import library, transports
 from graphsync.exchange.values import Synchronized
 from graphsync.exchange.views import gathered_sum, sum_view, view
-from graphsync.graph.tf_private import FastOps, pristine_scope
+from graphsync.graph.fast_ops import FastOps
+from graphsync.graph.tf_private import pristine_scope
 
 AGGREGATION_SCOPE = "graphsync"
 

@@ -1,6 +1,7 @@
 """TensorFlow primitives that know nothing of batch norm; every other stage builds on them.
 
     tf_private  every private TensorFlow API graphsync touches, one wrapper each
+    fast_ops    the op builder of graphsync's per-layer arithmetic (through tf_private.create_op)
     reroute     moving edges from old tensors and ops to their replacements, checked
     order       the order the forward pass runs ops in (listings read input to output)
     shapes      static shapes as plain ints and None, whichever TensorFlow behaviour built them

@@ -17,6 +17,7 @@ from graphsync.splice import layer as splice
 from graphsync.splice import reduction, ref_reads, segments, shared_averages
 from graphsync.graph import tape, tf_private
 from graphsync.errors import GraphsyncError, GraphsyncWarning
+from graphsync.batch_axis import Verdict
 from graphsync.between_graph.process_group import ProcessGroup
 from graphsync.exchange import make_exchange
 from graphsync.plan.data import Plan, digest, fingerprints
@@ -186,7 +187,7 @@ def _say_kept_per_tower(kept: list) -> None:
 
 def _say_unfollowed(found: tuple) -> None:
     """A GraphsyncWarning when a reduction past where the batch axis's trace ended is read back
-    into the model (graphsync/match/unfollowed.py): it may be a batch statistic left per tower.
+    into the model (graphsync/batch_axis/unfollowed.py): it may be a batch statistic left per tower.
     (Past an op type without a rule the plan has refused already: the user can declare it.)"""
     if found:
         more = f" (and {len(found) - 1} more: graphsync inspect)" if len(found) > 1 else ""
@@ -200,7 +201,7 @@ def _say_undecided(rows) -> None:
     variable, in a graph without gradients yet (graphsync/batch_axis/verdicts.py, "undecided"): a
     batch norm at the model's end would stay per tower; rewritten after the gradients exist,
     graphsync can tell and synchronizes it."""
-    undecided = [r for r in rows if r.verdict == "undecided" and r.tower is not None]
+    undecided = [r for r in rows if r.verdict is Verdict.UNDECIDED and r.tower is not None]
     if len({r.tower for r in undecided}) > 1:
         more = f" (and {len(undecided) - 1} more: graphsync inspect)" if len(undecided) > 1 else ""
         warnings.warn(f"{undecided[0].op} ({undecided[0].type}) {undecided[0].why}{more}: it stays per tower; if it "

@@ -91,7 +91,7 @@ def merge_moments(ops, sizes, means, spreads, residuals=None, spread: Spread = S
     μ and the variances come back in the towers' dtype; n_t = size_t / (number of statistics).
     Products with n use MulNoNan: an empty tower's NaN statistics then weigh nothing (an M2 spread
     is weighed by sign(n): 0 for an empty tower, 1 else, also for weights W < 1). `ops` is a
-    tf_private.FastOps (this runs once per layer, so op creation cost matters).
+    fast_ops.FastOps (this runs once per layer, so op creation cost matters).
 
     `residuals` (float32 towers): each tower's Σ(x − m̂) (moments subgraphs, `local_moments`; no
     `epsilon`) or, with the layer's `epsilon`, Σy, y = (x − m̂)/s the fused kernel's normalized

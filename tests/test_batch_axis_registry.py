@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from graphsync import batch_axis
 from graphsync.batch_axis import registry
-from graphsync.match.unfollowed import Unfollowed
+from graphsync.batch_axis.unfollowed import Unfollowed
 
 tf1 = tf.compat.v1
 

@@ -13,7 +13,8 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "graphsync"
 # Bottom to top: a module may import from its own level and the levels below it.
 LEVELS = [
     ("graphsync.errors", "graphsync.stats", "graphsync.graph"),   # shared arithmetic, TensorFlow primitives
-    ("graphsync.match", "graphsync.batch_axis"),   # find candidates; the batch axis traced (each reads the other)
+    ("graphsync.match",),           # find candidates
+    ("graphsync.batch_axis",),      # the batch axis traced
     ("graphsync.towers",),          # find towers
     ("graphsync.plan",),            # pair and plan (frozen data)
     ("graphsync.between_graph",),   # worker processes: the process group, meeting, heartbeat

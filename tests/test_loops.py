@@ -240,5 +240,5 @@ def test_a_branch_whose_intermediates_the_gradient_keeps_does_not_end_the_trace(
     analysis = batch_axis.analyze(graph)
     assert not analysis.ended, analysis.ended
     assert analysis.batch[centred.ref()] == frozenset({0})
-    verdicts = {c.op.type: batch_axis.verdict(analysis, c)[0] for c in analysis.cross.values()}
-    assert verdicts == {"Mean": batch_axis.STATISTIC, "Sum": batch_axis.TERMINAL}, verdicts   # the centring; the loss
+    verdicts = {c.op.type: batch_axis.judge(analysis, c)[0] for c in analysis.cross.values()}
+    assert verdicts == {"Mean": batch_axis.Verdict.STATISTIC, "Sum": batch_axis.Verdict.TERMINAL}, verdicts   # the centring; the loss

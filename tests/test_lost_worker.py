@@ -288,10 +288,10 @@ def test_a_step_failing_as_a_peer_exits_names_it_though_the_peer_answered_during
 
     from graphsync.between_graph.cluster import ClusterTask
     from graphsync.between_graph.lost_worker import LostWorkerGuard
-    from graphsync.graph import tf_private
+    from graphsync.between_graph import health_probe
     alive = threading.Event()
     alive.set()
-    monkeypatch.setattr(tf_private, "worker_incarnations",
+    monkeypatch.setattr(health_probe, "worker_incarnations",
                         lambda address, timeout, channels: [7] if alive.is_set() else None)
     guard = LostWorkerGuard(say=lambda line: None)
     guard.start_watch(ClusterTask(cl.cluster_spec({"worker": 2}), "worker", 0), interval=1.0)

@@ -185,7 +185,7 @@ def _uneven_towers(tail):
 def test_a_reduction_past_where_the_trace_ended_read_back_is_said_in_one_line():
     """Past a reshape whose target the tracer cannot read the batch's axes are unknown: a mean
     there that the model reads back may be a batch statistic, and graphsync says so
-    (match/unfollowed.py). No declaration could help, so it is a warning, not a refusal."""
+    (batch_axis/unfollowed.py). No declaration could help, so it is a warning, not a refusal."""
     def tail(h):
         shape = tf1.Variable(h.shape.as_list(), trainable=False, name="shape")
         h = tf.ensure_shape(tf.reshape(h, shape.read_value()), h.shape)   # a target held in a variable: not read
@@ -359,7 +359,7 @@ def test_cross_entropy_with_labels_from_the_data_does_not_end_the_trace():
     for i in range(2):
         loss = graph.get_operation_by_name(f"tower_{i}/model/dense_loss")
         assert analysis.cross[loss].how == "reduce"
-        assert batch_axis.verdict(analysis, analysis.cross[loss])[0] == batch_axis.TERMINAL
+        assert batch_axis.judge(analysis, analysis.cross[loss])[0] == batch_axis.Verdict.TERMINAL
 
 
 def test_a_statistic_whose_readers_outgrow_the_walk_is_not_judged_terminal():
@@ -377,9 +377,9 @@ def test_a_statistic_whose_readers_outgrow_the_walk_is_not_judged_terminal():
         (x - far) * w
     analysis = batch_axis.analyze(graph)
     crossed = analysis.cross[m.op]
-    assert batch_axis.verdict(analysis, crossed)[0] == batch_axis.STATISTIC
-    verdict, why = batch_axis.verdict(analysis, crossed, budget=10)
-    assert verdict == batch_axis.STATISTIC and "more than 10 ops, not all followed" in why, why
+    assert batch_axis.judge(analysis, crossed)[0] == batch_axis.Verdict.STATISTIC
+    verdict, why = batch_axis.judge(analysis, crossed, budget=10)
+    assert verdict == batch_axis.Verdict.STATISTIC and "more than 10 ops, not all followed" in why, why
 
 
 def _read_back_bitcast(h):

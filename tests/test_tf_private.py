@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from graphsync.graph import tf_private
+from graphsync.between_graph import health_probe
+from graphsync.graph import fast_ops, tf_private
 
 pytestmark = pytest.mark.plumbing   # tiers.py: no kernel of its own
 
@@ -66,7 +67,7 @@ def test_pristine_scope_leaves_every_caller_context():
 def test_create_op_and_fast_ops_match_the_public_ops():
     graph = tf.Graph()
     with graph.as_default():
-        ops = tf_private.FastOps(graph)
+        ops = fast_ops.FastOps(graph)
         x = tf.constant(np.arange(6, dtype=np.float32).reshape(2, 3))
         got = [ops.sum(ops.binary("Mul", x, 2.0), 0), ops.cast(x, tf.float64), ops.unstack(ops.stack([x, x]), 2)[1],
                ops.reshape(x, [3, 2]), ops.add_n([x, x, x]), ops.unary("Square", x)]
@@ -146,7 +147,7 @@ def test_fast_ops_call_runs_a_traced_function_inlined_on_the_callers_device():
                                input_signature=[tf.TensorSpec(None, tf.float32)], autograph=False).get_concrete_function()
     graph = tf.Graph()
     with graph.as_default(), tf.device("/cpu:0"):
-        ops = tf_private.FastOps(graph)
+        ops = fast_ops.FastOps(graph)
         x = tf.constant([1.0, 2.0, 3.0])
         doubled, size = ops.call(function, [x], "double")
         again = ops.call(function, [x], "again")[0]
@@ -211,13 +212,13 @@ def test_worker_incarnations_asks_a_server_through_tensorflows_get_status_rpc():
     spec = cl.cluster_spec({"worker": 1, "ps": 1})
     with cl.servers({"worker": spec["worker"]}):
         channels = {}
-        first = tf_private.worker_incarnations(spec["worker"][0], 10, channels)
+        first = health_probe.worker_incarnations(spec["worker"][0], 10, channels)
         assert len(first) == 1 and first[0] != 0
-        assert tf_private.worker_incarnations(spec["worker"][0], 10, channels) == first
+        assert health_probe.worker_incarnations(spec["worker"][0], 10, channels) == first
         for channel in channels.values():
             channel.close()
     started = time.monotonic()
-    assert tf_private.worker_incarnations(spec["ps"][0], 5) is None   # nothing listens there
+    assert health_probe.worker_incarnations(spec["ps"][0], 5) is None   # nothing listens there
     assert time.monotonic() - started < 5
 
 

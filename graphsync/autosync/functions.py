@@ -151,7 +151,8 @@ def _merged_by_the_model(graph) -> int:
     from graphsync.graph import tf_private
     with tf_private.tensors_compared_as_nodes():
         analysis = batch_axis.analyze(graph)
-        return sum(batch_axis.verdict(analysis, crossed)[0] == batch_axis.SYNCHRONIZED or _all_reduced(op)
+        return sum(batch_axis.judge(analysis, crossed).verdict is batch_axis.Verdict.SYNCHRONIZED
+                   or _all_reduced(op)
                    for op, crossed in analysis.cross.items())
 
 

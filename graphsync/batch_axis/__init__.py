@@ -6,15 +6,15 @@ axes that hold the examples from the data sources through the forward pass, op b
 of rules (how each op type carries the batch axes of its inputs to its outputs); an op type the
 table does not know ends the trace there, and is listed (`Analysis.ended`). A cross-example op
 (CrossOp) reduces over an axis carrying the batch, contracts over it, does so in a kernel
-(training-mode FusedBatchNorm*), or orders or selects among examples; `verdict` says whether its
-value is a batch statistic to synchronize, or stays per tower.
+(training-mode FusedBatchNorm*), or orders or selects among examples; `judge` says whether its
+value is a batch statistic to synchronize, or stays per tower (a Judgement: a Verdict, and why).
 
     module            its one job
     trace             analyze: the walk from the data sources, each op by its type's rule
     registry          the table: op type → rule, one family per type; Context, End
     findings          what the trace finds: Analysis, CrossOp, Ended
     verdicts          where a cross-example value goes: statistic, terminal, ghost, order, synchronized
-    walks             forward readers, reads of a variable (borrowed by match/ and plan/)
+    unfollowed        reductions past where the trace ended that the model reads back: refused or said
     axes              what rules of several families read: the input carrying the batch, constant axes
 
     the families (the table's rows: adding an op type touches one of these)
@@ -44,14 +44,12 @@ from graphsync.batch_axis.order import ORDER_TYPES
 from graphsync.batch_axis.per_example import PER_EXAMPLE_ENV, declared_per_example
 from graphsync.batch_axis.reductions import REDUCTION_TYPES
 from graphsync.batch_axis.trace import NO_RULE, SOURCES, analyze
-from graphsync.batch_axis.verdicts import (GHOST, GRAPHSYNC_VIEWS, ORDER, STATISTIC, SYNCHRONIZED, TERMINAL,
-                                           UNDECIDED, verdict)
-from graphsync.batch_axis.walks import forward_readers, reads_variable
+from graphsync.batch_axis.verdicts import GRAPHSYNC_VIEWS, Judgement, Verdict, judge
 
 # Each family module registers its op types' rules when imported: all of them, before any trace.
 FAMILIES = (elementwise, no_batch, per_example, fused_batch_norm, reductions, order, contractions,
             data_movement, slicing, gather, reshape, bodies, control_flow_v1, tensor_lists)
 
-__all__ = ["Analysis", "CrossOp", "ELEMENTWISE", "Ended", "FAMILIES", "GHOST", "GRAPHSYNC_VIEWS", "NO_RULE",
-           "ORDER", "ORDER_TYPES", "PER_EXAMPLE_ENV", "REDUCTION_TYPES", "SOURCES", "STATISTIC", "SYNCHRONIZED",
-           "TERMINAL", "UNDECIDED", "analyze", "declared_per_example", "forward_readers", "reads_variable", "verdict"]
+__all__ = ["Analysis", "CrossOp", "ELEMENTWISE", "Ended", "FAMILIES", "GRAPHSYNC_VIEWS", "Judgement", "NO_RULE",
+           "ORDER_TYPES", "PER_EXAMPLE_ENV", "REDUCTION_TYPES", "SOURCES", "Verdict", "analyze",
+           "declared_per_example", "judge"]

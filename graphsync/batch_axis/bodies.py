@@ -28,8 +28,9 @@ import tensorflow as tf
 
 from graphsync.batch_axis.findings import Analysis, CrossOp, Crossing
 from graphsync.batch_axis.registry import End, register
-from graphsync.batch_axis.verdicts import TERMINAL, UNDECIDED, verdict
+from graphsync.batch_axis.verdicts import Verdict, judge
 from graphsync.graph import tf_private
+from graphsync.graph.walks import descendants
 
 CALLS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
 IFS = frozenset({"If", "StatelessIf"})
@@ -128,7 +129,7 @@ def _call_cross(op, traced):
                 return CrossOp(op, Crossing.BODY, inner=(name, crossed.op, why))
             leaves = _outputs_reached(body, crossed.op) if returning is None and op.type in IFS else ()
             if leaves:   # returned by the branch: the graph around the If decides (verdict)
-                how = verdict(body, crossed)[1].split(";")[0]
+                how = judge(body, crossed).does
                 returning = CrossOp(op, Crossing.BODY, inner=(name, crossed.op, f"{how}, and the branch returns it"),
                                     returned=leaves)
     return returning
@@ -174,7 +175,7 @@ def _loop_cross(op, name, body):
             return CrossOp(op, Crossing.BODY, inner=(name, crossed.op, why))
         leaves = _outputs_reached(body, crossed.op)
         if leaves and returned is None:
-            how = verdict(body, crossed)[1].split(";")[0]
+            how = judge(body, crossed).does
             returned = CrossOp(op, Crossing.BODY, inner=(name, crossed.op, f"{how}, and the loop returns it"),
                                returned=leaves)
     return returned
@@ -185,14 +186,7 @@ def _outputs_reached(body: Analysis, start: tf.Operation) -> tuple:
     index = {}
     for k, t in enumerate(body.outputs):   # a loop variable passed through may be several outputs
         index.setdefault(t.ref(), []).append(k)
-    found, seen, stack = set(), {start}, [start]
-    while stack:
-        for t in stack.pop().outputs:
-            found.update(index.get(t.ref(), ()))
-            for reader in t.consumers():
-                if reader not in seen:
-                    seen.add(reader)
-                    stack.append(reader)
+    found = {k for op in descendants([start]) for t in op.outputs for k in index.get(t.ref(), ())}
     return tuple(sorted(found))
 
 
@@ -207,10 +201,11 @@ def _statistic_in_body(body: Analysis, crossed: CrossOp, returned: bool):
     if crossed.how is Crossing.BODY:
         name, inner, why = crossed.inner
         return f"calls {name}, whose {inner.name} ({inner.type}) {why}"
-    found, why = verdict(body, crossed)
-    if found not in (TERMINAL, UNDECIDED):   # a body holds no gradients: read back is decided below
-        return why
-    how = why.split(";")[0]
+    judgement = judge(body, crossed)
+    # a body holds no gradients: whether its value is read back is decided below
+    if judgement.verdict not in (Verdict.TERMINAL, Verdict.UNDECIDED):
+        return judgement.why
+    how = judgement.does
     outputs = {t.ref() for t in body.outputs}
     seen, stack = {crossed.op}, [crossed.op]
     while stack:

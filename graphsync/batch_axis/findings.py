@@ -46,7 +46,7 @@ class CrossOp:
 class Ended:
     """Where a trace ended: the op, why (the text `graphsync inspect -v` lists), and the op type
     the table has no rule for when that is why: the op's own, or one inside a body the op runs
-    (graphsync/match/unfollowed.py refuses those, naming the type). Unpacks as (op, why), the pair
+    (graphsync/batch_axis/unfollowed.py refuses those, naming the type). Unpacks as (op, why), the pair
     an entry of `Analysis.ended` was before it carried the type."""
 
     op: tf.Operation

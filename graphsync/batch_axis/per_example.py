@@ -51,7 +51,7 @@ def declared_per_example() -> frozenset:
     """The op types the user declares to keep each example apart, the batch on axis 0 of the one
     input holding it and of the first output (`GRAPHSYNC_PER_EXAMPLE_OPS=TypeA,TypeB`): a custom
     op, or one the table lacks, which would otherwise end the trace and, read back, be refused
-    (graphsync/match/unfollowed.py). Read from the environment so that every way in (the CLI,
+    (graphsync/batch_axis/unfollowed.py). Read from the environment so that every way in (the CLI,
     `graphsync run`, no edit at all) takes the same declaration."""
     return frozenset(t.strip() for t in os.environ.get(PER_EXAMPLE_ENV, "").split(",") if t.strip())
 

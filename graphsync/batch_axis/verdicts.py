@@ -1,4 +1,4 @@
-"""The verdict on each cross-example op (`verdict`): where its value goes.
+"""The verdict on each cross-example op (`judge`): where its value goes.
 
     statistic     its value flows back into tensors that still carry the batch and on into the
                   model (an op reading a variable): a batch statistic, to synchronize across towers
@@ -12,20 +12,65 @@
 
 A value whose readers outnumber the walk's budget is taken for a statistic, never judged terminal
 on the part the walk saw.
+
+The plan adds its own words to the same vocabulary (graphsync/plan/rule.py): "per tower" and
+"refused". A judgement is a value (`Judgement`): its text is put together only when said.
 """
 from __future__ import annotations
+
+import dataclasses
+import enum
 
 import numpy as np
 import tensorflow as tf
 
 from graphsync.batch_axis.findings import Analysis, CrossOp, Crossing
 from graphsync.batch_axis.registry import family_of
-from graphsync.batch_axis.walks import reads_variable
+from graphsync.graph.walks import reads_variable
 from graphsync.graph.backward import has_backward, is_backward
 from graphsync.match.fused import gradient_type
 
-STATISTIC, TERMINAL, GHOST, ORDER, UNDECIDED = "statistic", "terminal", "ghost", "order", "undecided"
-SYNCHRONIZED = "synchronized"
+
+class Verdict(str, enum.Enum):
+    """The one vocabulary of verdicts: where the trace finds a cross-example value goes (the first
+    six), and what the plan makes of a statistic it does not synchronize (per tower, refused). A
+    str, so that its value is the word `graphsync inspect` prints and its JSON holds (enum.StrEnum's
+    behaviour, which Python 3.10 lacks)."""
+    STATISTIC = "statistic"
+    TERMINAL = "terminal"
+    GHOST = "ghost"
+    ORDER = "order"
+    UNDECIDED = "undecided"
+    SYNCHRONIZED = "synchronized"
+    PER_TOWER = "per tower"
+    REFUSED = "refused"
+
+    __str__ = str.__str__
+    __format__ = str.__format__
+
+
+@dataclasses.dataclass(frozen=True)
+class Judgement:
+    """A verdict, and why in two parts kept apart: what the op does with the examples (`does`, the
+    clause a function body's judgement is quoted by when its If or loop returns the value,
+    graphsync/batch_axis/bodies.py), and where its value goes (`goes`, the rest of the sentence,
+    punctuation included). Unpacks as (verdict, why), the pair the verdicts were before."""
+
+    verdict: Verdict
+    does: str
+    goes: str = ""
+
+    @property
+    def why(self) -> str:
+        return self.does + self.goes
+
+    def __iter__(self):
+        return iter((self.verdict, self.why))
+
+    def __getitem__(self, index):
+        return tuple(self)[index]
+
+
 _MERGES = ("Collective", "Nccl")
 # The gradient names of graphsync's statistics views (graphsync/exchange/views.py): a tower's own
 # statistics enter them beside the merged ones, so a view combines the tower with the others.
@@ -34,52 +79,53 @@ GRAPHSYNC_VIEWS = ("GraphsyncStatisticsView", "GraphsyncSumView", "GraphsyncExtr
 _RUNS = {"calls": "calls", "loops": "runs the loop body"}
 
 
-def verdict(analysis: Analysis, crossed: CrossOp, tower_of=None, skip=frozenset(), budget: int = 4000) -> tuple:
-    """(verdict, why) for one cross-example op. `tower_of(op)`: the tower an op belongs to (None
+def judge(analysis: Analysis, crossed: CrossOp, tower_of=None, skip=frozenset(), budget: int = 4000) -> Judgement:
+    """The judgement on one cross-example op. `tower_of(op)`: the tower an op belongs to (None
     outside them), so that a value combined with other towers' (a merge reading several towers, a
     collective) counts as synchronized; `skip`: ops the walk does not enter."""
     op = crossed.op
     if crossed.how is Crossing.BODY:
         name, inner, why = crossed.inner
         where = _RUNS.get(family_of(op.type), "runs the branch")
-        why = f"{where} {name}, whose {inner.name} ({inner.type}) {why}"
+        does = f"{where} {name}, whose {inner.name} ({inner.type}) {why}"
         if not crossed.returned:
-            return STATISTIC, why
+            return Judgement(Verdict.STATISTIC, does)
         start = [op.outputs[k] for k in crossed.returned]
         reader, merged, _ = _flows_back(analysis, op, tower_of, skip, budget, start)
         if reader is _BEYOND_BUDGET:
-            return STATISTIC, f"{why}; {_BEYOND_BUDGET_WHY % budget}"
+            return Judgement(Verdict.STATISTIC, does, f"; {_BEYOND_BUDGET_WHY % budget}")
         if reader is None:
             if merged is not None:
-                return SYNCHRONIZED, f"{why}; {merged.name} combines it with the other towers'"
-            return TERMINAL, f"{why}; it reaches no tensor that carries the batch into the model"
-        return STATISTIC, f"{why}, and {reader.name} reads it back into the examples"
+                return Judgement(Verdict.SYNCHRONIZED, does, f"; {merged.name} combines it with the other towers'")
+            return Judgement(Verdict.TERMINAL, does, "; it reaches no tensor that carries the batch into the model")
+        return Judgement(Verdict.STATISTIC, does, f", and {reader.name} reads it back into the examples")
     how = crossed.how.described
     if crossed.how is Crossing.KERNEL:
         if any(not is_backward(c) for c in op.outputs[0].consumers()):
-            return STATISTIC, how
-        return TERMINAL, how + ", but nothing reads its output"
+            return Judgement(Verdict.STATISTIC, how)
+        return Judgement(Verdict.TERMINAL, how + ", but nothing reads its output")
     reader, merged, returned = _flows_back(analysis, op, tower_of, skip, budget)
     if reader is _BEYOND_BUDGET:
-        return STATISTIC, f"{how}; {_BEYOND_BUDGET_WHY % budget}"
+        return Judgement(Verdict.STATISTIC, how, f"; {_BEYOND_BUDGET_WHY % budget}")
     if reader is None:
         if merged is not None:
-            return SYNCHRONIZED, f"{how}; {merged.name} combines it with the other towers'"
+            return Judgement(Verdict.SYNCHRONIZED, how, f"; {merged.name} combines it with the other towers'")
         if returned is _UNDIFFERENTIATED and crossed.how is Crossing.REDUCE and not crossed.partial:
-            return UNDECIDED, f"{how}; its value is read back into the examples, which reach no variable, and the " \
-                              "graph has no gradients yet to tell whether they reach the loss"
+            return Judgement(Verdict.UNDECIDED, how, "; its value is read back into the examples, which reach no "
+                             "variable, and the graph has no gradients yet to tell whether they reach the loss")
         if returned not in (None, _UNDIFFERENTIATED) and crossed.how is Crossing.REDUCE and not crossed.partial:
             # a batch norm at the model's end (normalize → pool → output): no variable after it, but
             # the examples it normalizes are differentiated; one device normalizes with the whole batch
-            return STATISTIC, f"{how}, and {returned.name} reads it back into the examples the gradients " \
-                              "are taken of"
-        return TERMINAL, f"{how}; its value reaches no tensor that carries the batch into the model " \
-                         "(a loss, a metric, a summary, a variable update)"
+            return Judgement(Verdict.STATISTIC, how, f", and {returned.name} reads it back into the examples the "
+                             "gradients are taken of")
+        return Judgement(Verdict.TERMINAL, how, "; its value reaches no tensor that carries the batch into the "
+                         "model (a loss, a metric, a summary, a variable update)")
     if crossed.partial:
-        return GHOST, f"{how} only in part (a reshape split the batch: virtual batches); {reader.name} reads it"
+        return Judgement(Verdict.GHOST, f"{how} only in part (a reshape split the batch: virtual batches)",
+                         f"; {reader.name} reads it")
     if crossed.how is Crossing.ORDER:
-        return ORDER, f"{how}, and {reader.name} reads it back into the examples"
-    return STATISTIC, f"{how}, and {reader.name} reads it back into the examples"
+        return Judgement(Verdict.ORDER, how, f", and {reader.name} reads it back into the examples")
+    return Judgement(Verdict.STATISTIC, how, f", and {reader.name} reads it back into the examples")
 
 
 # A value whose readers outnumber the walk's budget is not judged terminal on what the walk saw.

@@ -9,7 +9,7 @@ heartbeats into it, so nothing ever aborts; the collective runtime's peer health
 (`context.check_collective_ops_peer_health`) needs an eager context that owns the server. So a
 `PeerWatch` thread makes that health check itself: every `poll` seconds it asks each peer's
 server for its device incarnations (`WorkerService.GetStatus`, the RPC TensorFlow's own check
-sends; graphsync.graph.tf_private.worker_incarnations). A peer is lost when
+sends; graphsync.between_graph.health_probe.worker_incarnations). A peer is lost when
 
     now − (its last answer) ≥ interval         (exited, killed, frozen or unreachable), or
     its incarnations changed                   (restarted: a new server on the same address).
@@ -24,7 +24,7 @@ import dataclasses
 import threading
 import time
 
-from graphsync.graph import tf_private
+from graphsync.between_graph import health_probe
 from graphsync.between_graph.cluster import ClusterTask, device_of, task_name
 
 
@@ -99,7 +99,7 @@ class PeerWatch:
         address = self.task.address(*peer)
         asked = time.monotonic()
         left = self.interval - (asked - self._answered[peer])
-        incarnations = tf_private.worker_incarnations(address, max(left, 0.05), self._channels)
+        incarnations = health_probe.worker_incarnations(address, max(left, 0.05), self._channels)
         if incarnations is None:
             silent = time.monotonic() - self._answered[peer]
             if silent >= self.interval:

@@ -18,7 +18,8 @@ from graphsync.exchange.merges import Merge
 from graphsync.exchange.transports import Transport
 from graphsync.exchange.values import Synchronized
 from graphsync.exchange.views import sum_view, view
-from graphsync.graph.tf_private import FastOps, pristine_scope
+from graphsync.graph.fast_ops import FastOps
+from graphsync.graph.tf_private import pristine_scope
 from graphsync.stats import Spread
 
 

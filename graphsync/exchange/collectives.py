@@ -17,7 +17,8 @@ from graphsync.graph.marks import Mark
 from graphsync.exchange import marking, transports
 from graphsync.exchange.merges import Merge
 from graphsync.exchange.transports import Reduced
-from graphsync.graph.tf_private import FastOps, create_op, pristine_scope
+from graphsync.graph.fast_ops import FastOps
+from graphsync.graph.tf_private import create_op, pristine_scope
 from graphsync.graph.op_types import COLLECTIVE_TYPES
 
 ALLREDUCE_GRADIENT = "GraphsyncAllReduce"

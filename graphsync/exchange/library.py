@@ -5,7 +5,7 @@ a merge that is one call op in the graph costs one op, whatever its body holds. 
 every call before a step runs, so the step runs the same kernels as if they were spelled out.
 Each body is traced once per process and signature, in a graph of its own so that no device or
 scope of the caller leaks into its definition; its definition joins a graph's library on first
-call (tf_private.FastOps.call).
+call (fast_ops.FastOps.call).
 """
 from __future__ import annotations
 

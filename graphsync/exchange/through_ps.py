@@ -41,7 +41,8 @@ from graphsync.exchange import marking, queues, transports
 from graphsync.exchange.merges import Merge
 from graphsync.exchange.transports import Reduced
 from graphsync.exchange.views import gathered_sum
-from graphsync.graph.tf_private import FastOps, pristine_scope
+from graphsync.graph.fast_ops import FastOps
+from graphsync.graph.tf_private import pristine_scope
 
 
 _LOCAL_EXTREMA = {Merge.MAX: lambda values: tf.reduce_max(tf.stack(values), 0, name="extremum"),

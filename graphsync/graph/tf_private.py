@@ -14,7 +14,6 @@ from tensorflow.python.client import _pywrap_tf_session as _c_api
 from tensorflow.python.framework import ops as _tf_ops
 from tensorflow.python.framework import traceable_stack as _traceable_stack
 
-from graphsync.graph.marks import EXCHANGE_MARKS, Mark
 
 
 def update_input(op: tf.Operation, index: int, tensor: tf.Tensor) -> None:
@@ -313,6 +312,13 @@ def marked_with(graph: tf.Graph, name: str) -> bool:
     return name in graph._attr_scope_map  # pylint: disable=protected-access
 
 
+def newest_device_name(graph: tf.Graph) -> str:
+    """The display name of the newest device scope in effect on `graph` ("" when none, or a
+    device function)."""
+    specs = list(graph._device_function_stack.peek_objs())  # pylint: disable=protected-access
+    return getattr(specs[0], "display_name", "") if specs else ""
+
+
 def _static_device(graph: tf.Graph) -> str | None:
     """The device string the graph's device stack gives every new op, or None when a device
     function (e.g. replica_device_setter) decides per op. Merged as Graph._apply_device_functions
@@ -348,149 +354,6 @@ def _plain_context(graph: tf.Graph, op_type: str, inputs) -> bool:
                 or any(callable(value) for value in graph._attr_scope_map.values())
                 or graph._op_to_kernel_label_map or op_type in graph._gradient_override_map
                 or graph._container or graph._default_original_op is not None)
-
-
-def _type(dtype) -> attr_value_pb2.AttrValue:
-    return attr_value_pb2.AttrValue(type=tf.as_dtype(dtype).as_datatype_enum)
-
-
-class FastOps:
-    """The handful of ops graphsync's per-layer arithmetic needs, created through `create_op`, with
-    constants cached per device. Same semantics as the tf.* functions of the same names."""
-
-    def __init__(self, graph: tf.Graph):
-        self.graph = graph
-        self._constants = {}
-        self._functions = set()
-
-    def _op(self, op_type, inputs, name=None, **attrs):
-        return create_op(self.graph, op_type, inputs, attrs, name or op_type).outputs
-
-    def constant(self, value, dtype, shape=None):
-        """One constant per value, dtype, shape and device for the whole rewrite: those of the
-        aggregation (`Mark.AGGREGATION`) in graphsync/constants/, unmarked: every layer's merge
-        reads them; those of a tower in the scope that first needs them. With `shape`, a scalar
-        value fills it (a splat: cheap to build whatever the size)."""
-        key = (repr(value), tf.as_dtype(dtype).name, shape and tuple(shape), self._device())
-        if key not in self._constants:
-            shared = marked_with(self.graph, Mark.AGGREGATION.value)
-            with self.graph.control_dependencies(None), \
-                    self.graph.name_scope("graphsync/constants/") if shared else contextlib.nullcontext(), \
-                    marked(self.graph, dict.fromkeys(m.value for m in EXCHANGE_MARKS)) if shared \
-                    else contextlib.nullcontext():
-                self._constants[key] = tf.constant(value, dtype, shape=shape, name="constant")
-        return self._constants[key]
-
-    def _device(self) -> str:
-        specs = list(self.graph._device_function_stack.peek_objs())  # pylint: disable=protected-access
-        return getattr(specs[0], "display_name", "") if specs else ""
-
-    def binary(self, op_type, x, y, name=None):
-        if not isinstance(y, tf.Tensor):
-            y = self.constant(y, x.dtype)
-        if not isinstance(x, tf.Tensor):
-            x = self.constant(x, y.dtype)
-        return self._op(op_type, [x, y], name, T=_type(x.dtype))[0]
-
-    def unary(self, op_type, x, name=None):
-        return self._op(op_type, [x], name, T=_type(x.dtype))[0]
-
-    def cast(self, x, dtype, name=None):
-        if x.dtype == dtype:
-            return x
-        return self._op("Cast", [x], name, SrcT=_type(x.dtype), DstT=_type(dtype),
-                        Truncate=attr_value_pb2.AttrValue(b=False))[0]
-
-    def stack(self, values, name=None):
-        return self._op("Pack", list(values), name, T=_type(values[0].dtype),
-                        N=attr_value_pb2.AttrValue(i=len(values)), axis=attr_value_pb2.AttrValue(i=0))[0]
-
-    def unstack(self, value, num):
-        return self._op("Unpack", [value], None, T=_type(value.dtype), num=attr_value_pb2.AttrValue(i=num),
-                        axis=attr_value_pb2.AttrValue(i=0))
-
-    def sum(self, x, axis, name=None):
-        return self._op("Sum", [x, self.constant(axis, tf.int32)], name, T=_type(x.dtype),
-                        Tidx=_type(tf.int32), keep_dims=attr_value_pb2.AttrValue(b=False))[0]
-
-    def reshape(self, x, shape, name=None):
-        return self._op("Reshape", [x, self.constant(shape, tf.int32)], name, T=_type(x.dtype),
-                        Tshape=_type(tf.int32))[0]
-
-    def add_n(self, values, name=None):
-        if len(values) == 1:
-            return self.unary("Identity", values[0], name)
-        return self._op("AddN", list(values), name, T=_type(values[0].dtype),
-                        N=attr_value_pb2.AttrValue(i=len(values)))[0]
-
-    def concat(self, values, name=None):
-        return self._op("ConcatV2", list(values) + [self.constant(0, tf.int32)], name, T=_type(values[0].dtype),
-                        N=attr_value_pb2.AttrValue(i=len(values)), Tidx=_type(tf.int32))[0]
-
-    def split(self, value, sizes, name=None):
-        """Splits along axis 0 into pieces of the given static sizes."""
-        return self._op("SplitV", [value, self.constant(list(sizes), tf.int32), self.constant(0, tf.int32)], name,
-                        T=_type(value.dtype), Tlen=_type(tf.int32), num_split=attr_value_pb2.AttrValue(i=len(sizes)))
-
-    def call(self, function, inputs, name):
-        """One `PartitionedCall` of `function` (a traced tf.function's ConcreteFunction), whose
-        definition joins the graph's library on first use; TensorFlow inlines it before running."""
-        if function.name not in self._functions:
-            function.add_to_graph(self.graph)
-            self._functions.add(function.name)
-        types = lambda tensors: attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(  # noqa: E731
-            type=[t.dtype.as_datatype_enum for t in tensors]))
-        empty = attr_value_pb2.AttrValue(s=b"")
-        return self._op("PartitionedCall", list(inputs), name, Tin=types(inputs), Tout=types(function.outputs),
-                        f=attr_value_pb2.AttrValue(func=attr_value_pb2.NameAttrList(name=function.name)),
-                        config=empty, config_proto=empty, executor_type=empty)
-
-
-def worker_incarnations(address: str, timeout: float, channels: dict | None = None) -> tuple | None:
-    """The device incarnations of the tf.distribute.Server at `address` ('host:port'), asked through
-    TensorFlow's own `WorkerService.GetStatus` RPC — the call its collective runtime makes to check
-    a peer's health — within `timeout` seconds; None when it does not answer (gone, frozen,
-    unreachable). A server restarted on the same address answers with new incarnations.
-    `channels` (address → channel) keeps one connection per peer across calls."""
-    import grpc
-
-    cache = channels if channels is not None else {}
-    channel = cache.get(address)
-    if channel is None:
-        channel = cache[address] = grpc.insecure_channel(address, options=[("grpc.enable_http_proxy", 0)])
-    call = channel.unary_unary("/tensorflow.WorkerService/GetStatus", request_serializer=lambda _: b"",
-                               response_deserializer=_get_status_response().FromString)
-    try:
-        response = call(None, timeout=timeout)
-    except grpc.RpcError:
-        return None
-    finally:
-        if channels is None:
-            channel.close()
-    return tuple(sorted(device.incarnation for device in response.device_attributes))
-
-
-def _get_status_response():
-    """tensorflow.GetStatusResponse (worker.proto, not shipped in the pip package): its one field,
-    `repeated DeviceAttributes device_attributes = 1`, declared here."""
-    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-    from tensorflow.core.framework import device_attributes_pb2  # noqa: F401 - puts DeviceAttributes in the pool
-
-    pool = descriptor_pool.Default()
-    name = "tensorflow.GetStatusResponse"
-    try:
-        descriptor = pool.FindMessageTypeByName(name)
-    except KeyError:
-        file = descriptor_pb2.FileDescriptorProto(
-            name="graphsync/get_status_response.proto", package="tensorflow", syntax="proto3",
-            dependency=["tensorflow/core/framework/device_attributes.proto"])
-        message = file.message_type.add(name="GetStatusResponse")
-        message.field.add(name="device_attributes", number=1, type=descriptor_pb2.FieldDescriptorProto.TYPE_MESSAGE,
-                          label=descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED,
-                          type_name=".tensorflow.DeviceAttributes")
-        pool.Add(file)
-        descriptor = pool.FindMessageTypeByName(name)
-    return message_factory.GetMessageClass(descriptor)
 
 
 def default_strategy():

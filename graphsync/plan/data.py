@@ -117,9 +117,9 @@ class Plan:
     calls: tuple = ()      # tower tf.function calls to inline first (splice/inline.py)
     recompute: str = ""   # "layers": the backward reads recomputed normalized outputs (splice/recompute.py);
                           # "segments": recomputed forward segments (splice/segments.py)
-    cross_example: tuple = ()   # every op combining examples, with its verdict (plan/rule.py Verdict)
+    cross_example: tuple = ()   # every op combining examples, with its verdict (plan/rule.py OpVerdict)
     trace_ended: tuple = ()     # (op name, why) where the batch axis's trace ended (batch_axis/)
-    unfollowed: tuple = ()      # reductions past those ends the model reads back (match/unfollowed.py)
+    unfollowed: tuple = ()      # reductions past those ends the model reads back (batch_axis/unfollowed.py)
     refused: str = ""           # the line a rewrite would refuse with (make_plan(refuse=False): inspect)
     covered: dict = dataclasses.field(default_factory=dict, compare=False, hash=False)  # rule.covered_ops
 

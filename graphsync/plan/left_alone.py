@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from graphsync.batch_axis import Verdict
 from graphsync.errors import GraphsyncError
 from graphsync.graph.backward import is_backward
 from graphsync.graph.op_types import FUSED_BATCH_NORM_TYPES
@@ -26,7 +27,7 @@ from graphsync.towers.scopes import tower_of
 _FUSED = frozenset(FUSED_BATCH_NORM_TYPES)
 _REDUCTIONS = frozenset({"Mean", "Sum"})
 _PASSING = frozenset({"Identity", "Reshape", "Squeeze", "ExpandDims", "StopGradient", "Cast", "Snapshot"})
-_LEFT_ON_PURPOSE = ("ghost", "per tower", "synchronized")
+_LEFT_ON_PURPOSE = (Verdict.GHOST, Verdict.PER_TOWER, Verdict.SYNCHRONIZED)
 
 
 def refuse(graph: tf.Graph, plan) -> None:

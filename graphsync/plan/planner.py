@@ -15,7 +15,8 @@ from graphsync.graph.backward import is_backward
 from graphsync.batch_axis.findings import Crossing
 from graphsync.errors import GraphsyncError, NoTowersError
 from graphsync.graph import by_type, order, shapes, tf_private
-from graphsync.match import hidden, unfollowed
+from graphsync.batch_axis import unfollowed
+from graphsync.match import hidden
 from graphsync.match.candidate import MomentsParts
 from graphsync.match.layer_form import LayerForm
 from graphsync.plan import left_alone, normalizations, reductions, rule, shared_tasks, training_flag
@@ -79,7 +80,7 @@ def make_plan(graph: tf.Graph, towers=None, device: str | None = None, *, strate
 
 def _refusals(graph: tf.Graph, plan: Plan, refuse: bool) -> Plan:
     """Raises the first refusal: a batch statistic no layer synchronizes (plan/rule.py), then an op
-    type without a rule read back (match/unfollowed.py), then towers that normalize per tower while
+    type without a rule read back (batch_axis/unfollowed.py), then towers that normalize per tower while
     the plan synchronizes nothing (plan/left_alone.py); without `refuse`, keeps its line instead."""
     try:
         rule.refuse(plan.cross_example)
@@ -126,7 +127,7 @@ def _backward_reader(ops, depth: int = 4):
 
 
 def _unfollowed(plan: Plan, analysis, covered: dict, process_group) -> tuple:
-    """The reductions the rule could not check (match/unfollowed.py), where towers could differ:
+    """The reductions the rule could not check (batch_axis/unfollowed.py), where towers could differ:
     several towers in the graph (the plan's, else those the trace ended in), or worker processes."""
     towers = list(plan.towers)
     if len(towers) < 2 and process_group is None:
@@ -144,7 +145,7 @@ def _with_reductions(graph: tf.Graph, plan: Plan, rows, analysis, covered: dict,
     Between worker processes (`processes`) one tower per graph has peers too: its reductions are
     summed over every worker's towers by the same exchange as the batch norms (collectives, or
     queues on a parameter server)."""
-    if not any(r.verdict == "refused" and r.type in reductions.TYPES for r in rows):
+    if not any(r.verdict is batch_axis.Verdict.REFUSED and r.type in reductions.TYPES for r in rows):
         return plan, rows, covered
     if processes:
         towers = list(plan.towers) or find_towers([], [ROOT])
@@ -153,7 +154,7 @@ def _with_reductions(graph: tf.Graph, plan: Plan, rows, analysis, covered: dict,
             [Tower(i, t.prefix) for i, t in enumerate(rule.rule_towers(analysis, plan.towers, explicit))]
     layers, dependent = reductions.layer_plans(graph, rows, analysis, towers, processes)
     if layers:
-        covered = {**covered, **{site.op: rule.REDUCTION for layer in layers for site in layer.sites}}
+        covered = {**covered, **{site.op: rule.SUMMED_REDUCTION for layer in layers for site in layer.sites}}
         rows, _ = rule.verdicts(graph, towers, explicit, covered, analysis=analysis, processes=processes)
         plan = dataclasses.replace(plan, towers=tuple(towers), layers=plan.layers + tuple(layers),
                                    device=plan.device or default_device(layers[0].sites[0].op),

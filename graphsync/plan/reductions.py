@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from graphsync import match
 from graphsync.batch_axis.findings import Crossing
+from graphsync.batch_axis import Verdict
 from graphsync.errors import GraphsyncError
 from graphsync.graph import tf_private
 from graphsync.match.layer_form import LayerForm
@@ -39,7 +40,7 @@ def layer_plans(graph: tf.Graph, rows, analysis, towers, processes: bool = False
     computes alike and that can be synchronized; {op name: why} for those a value depending on the
     tower's share of the batch meets (plan/tower_dependent.py)). The others stay refused. Between
     worker processes (`processes`) a single tower has peers: the other workers'."""
-    ops = [graph.get_operation_by_name(r.op) for r in rows if r.verdict == "refused" and r.type in TYPES]
+    ops = [graph.get_operation_by_name(r.op) for r in rows if r.verdict is Verdict.REFUSED and r.type in TYPES]
     frames = loop_frames(graph) if ops else frozenset()
     ops = [op for op in ops if synchronizable(op, analysis) and op not in frames]
     dependent = {op.name: why for op in ops if (why := tower_dependent.reason(op, analysis))}

@@ -21,6 +21,7 @@ import dataclasses
 import tensorflow as tf
 
 from graphsync import batch_axis
+from graphsync.batch_axis import Judgement, Verdict
 from graphsync.errors import GraphsyncError
 from graphsync.graph import tf_private
 from graphsync.match import conditional
@@ -30,32 +31,40 @@ from graphsync.match.reductions import statistics_ops
 from graphsync.towers.scopes import ROOT, find_towers, tower_of
 
 
-REDUCTION = "reduction"   # covered_ops' mark of a reduction the plan sums over the towers (plan/reductions.py)
+# The judgements on the ops the plan covers (covered_ops, and plan/reductions.py's sums), given
+# before the trace's: what the plan does with them is their verdict.
+SYNCHRONIZED_FORM = Judgement(Verdict.SYNCHRONIZED, "a batch norm graphsync synchronizes")
+SUMMED_REDUCTION = Judgement(Verdict.SYNCHRONIZED, "a reduction graphsync computes over every tower's examples")
+KEPT_PER_TOWER = Judgement(Verdict.PER_TOWER, "a form kept per tower on purpose (its reason: left alone)")
+MADE_BY_GRAPHSYNC = Judgement(Verdict.SYNCHRONIZED, "graphsync's statistics kernel (already synchronized)")
 
 
 @dataclasses.dataclass(frozen=True)
-class Verdict:
+class OpVerdict:
+    """One row of the plan's cross-example ops (Plan.cross_example): the op, its tower's label,
+    the verdict, and why, as `graphsync inspect` lists them."""
+
     op: str
     type: str
     tower: str | None
-    verdict: str
+    verdict: Verdict
     why: str
 
 
 def covered_ops(graph: tf.Graph, layers, candidates=()) -> dict:
-    """{op: 'synchronized' | PerTower reason} for every op a planned layer's statistics are made of,
+    """{op: its Judgement} for every op a planned layer's statistics are made of (synchronized),
     and those of the candidates kept per tower on purpose."""
     covered = {}
     for layer in layers:
         for site in layer.sites:
             for op in _statistics(site.op, site.parts):
-                covered[op] = batch_axis.SYNCHRONIZED
+                covered[op] = SYNCHRONIZED_FORM
     for cand in candidates:
         if cand.form.in_branches and cand.parts is not None and conditional.is_rewritten(cand.op, cand.parts):
-            covered[cand.op] = batch_axis.SYNCHRONIZED   # its branches' batch norm: an earlier rewrite's
+            covered[cand.op] = SYNCHRONIZED_FORM   # its branches' batch norm: an earlier rewrite's
         if isinstance(cand.skip_reason, PerTower):
             for op in _statistics(cand.op, cand.parts):
-                covered.setdefault(op, cand.skip_reason)
+                covered.setdefault(op, KEPT_PER_TOWER)
     return covered
 
 
@@ -88,26 +97,15 @@ def verdicts(graph: tf.Graph, towers, explicit: bool, covered: dict, analysis=No
             continue
         where = tower(op)
         if made_by_graphsync(op):   # graphsync's own statistics kernel, from an earlier rewrite
-            rows.append(Verdict(op.name, op.type, where and where.label, "synchronized",
-                                "graphsync's statistics kernel (already synchronized)"))
-            continue
-        if op in covered:
-            kind = covered[op]
-            if kind == REDUCTION:
-                rows.append(Verdict(op.name, op.type, where and where.label, "synchronized",
-                                    "a reduction graphsync computes over every tower's examples"))
-                continue
-            rows.append(Verdict(op.name, op.type, where and where.label,
-                                "synchronized" if kind == batch_axis.SYNCHRONIZED else "per tower",
-                                "a batch norm graphsync synchronizes" if kind == batch_axis.SYNCHRONIZED
-                                else "a form kept per tower on purpose (its reason: left alone)"))
-            continue
-        verdict, why = batch_axis.verdict(analysis, crossed, tower, skip)
-        if verdict in (batch_axis.STATISTIC, batch_axis.ORDER):
-            verdict = "refused" if where is not None and (len(in_towers) > 1 or processes) else "per tower"
+            judgement = MADE_BY_GRAPHSYNC
+        else:
+            judgement = covered[op] if op in covered else batch_axis.judge(analysis, crossed, tower, skip)
+        verdict, why = judgement.verdict, judgement.why
+        if verdict in (Verdict.STATISTIC, Verdict.ORDER):
+            verdict = Verdict.REFUSED if where is not None and (len(in_towers) > 1 or processes) else Verdict.PER_TOWER
             if where is None:
                 why += " (outside the towers)"
-        rows.append(Verdict(op.name, op.type, where and where.label, verdict, why))
+        rows.append(OpVerdict(op.name, op.type, where and where.label, verdict, why))
     created = {op.name: tf_private.creation_order(op) for op in analysis.cross}   # the graph's op order
     return tuple(sorted(rows, key=lambda r: created.get(r.op, 0))), analysis
 
@@ -128,7 +126,7 @@ def _towers(analysis, towers, explicit):
 
 def refuse(rows) -> None:
     """One line naming the first batch statistic the rewrite would leave per tower."""
-    refused = [r for r in rows if r.verdict == "refused"]
+    refused = [r for r in rows if r.verdict is Verdict.REFUSED]
     if refused:
         first = refused[0]
         more = f" (and {len(refused) - 1} more: graphsync inspect)" if len(refused) > 1 else ""
@@ -144,7 +142,7 @@ def check_rewritten(graph: tf.Graph, plan, covered: dict, version: int) -> None:
     naming the op."""
     made = frozenset(tf_private.ops_added_since(graph, version))
     rows, _ = verdicts(graph, plan.towers, False, covered, skip=made, processes=plan.process_group is not None)
-    refused = [r for r in rows if r.verdict == "refused"]
+    refused = [r for r in rows if r.verdict is Verdict.REFUSED]
     if refused:
         raise GraphsyncError(f"internal: {refused[0].op} ({refused[0].type}) still computes a batch statistic per "
                              f"tower after the rewrite ({refused[0].why}): please report it")

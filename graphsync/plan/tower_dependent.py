@@ -26,6 +26,7 @@ import tensorflow as tf
 
 from graphsync import batch_axis
 from graphsync.graph.backward import is_backward
+from graphsync.graph.walks import forward_readers
 
 _SIZES = frozenset({"Shape", "ShapeN", "Size"})
 _INDEXING = frozenset({"StridedSlice", "GatherV2", "Gather"})
@@ -110,7 +111,7 @@ def _met(op: tf.Operation, analysis, budget: int):
     def enter(reader):   # the statistic's own arithmetic, before it meets the examples
         return reader.type in batch_axis.ELEMENTWISE and not any(analysis.carries(o) for o in reader.outputs)
 
-    readers = list(batch_axis.forward_readers(op, enter, budget))
+    readers = list(forward_readers(op, enter, budget))
     downstream = {op, *readers}
     return [t for reader in readers for t in reader.inputs if t.op not in downstream]
 

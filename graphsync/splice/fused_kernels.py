@@ -106,7 +106,7 @@ def grad_sums(dy, x, scale, mean, variance, epsilon, data_format):
 
 def correction_coefficients(ops, scale, variance, epsilon, sum_dy, sum_dy_xhat, total):
     """(−γ·r·B/N, −γ·r·A/N): the scale and offset under which the inference kernel computes the
-    cross-tower part of ∂L/∂x. `ops` is a tf_private.FastOps."""
+    cross-tower part of ∂L/∂x. `ops` is a fast_ops.FastOps."""
     inv_std = ops.unary("Rsqrt", ops.binary("AddV2", variance, float(epsilon)))
     gain = ops.binary("RealDiv", ops.unary("Neg", ops.binary("Mul", scale, inv_std)), ops.cast(total, scale.dtype))
     return ops.binary("Mul", gain, sum_dy_xhat), ops.binary("Mul", gain, sum_dy)

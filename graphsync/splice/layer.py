@@ -16,7 +16,8 @@ from graphsync import match, stats
 from graphsync.exchange import Synchronized, differentiation, summed_gradient
 from graphsync.exchange.views import VIEW_GRADIENT, view_gradient
 from graphsync.graph.reroute import reroute_consumers, reroute_control_outputs
-from graphsync.graph.tf_private import FastOps, pristine_scope, set_attr, update_input
+from graphsync.graph.fast_ops import FastOps
+from graphsync.graph.tf_private import pristine_scope, set_attr, update_input
 from graphsync.plan.data import LayerPlan, Site
 from graphsync.splice import fused_kernels as fused
 from graphsync.splice import marks

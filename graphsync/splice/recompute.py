@@ -49,6 +49,7 @@ from graphsync.graph.op_types import SHAPE_TYPES
 from graphsync.graph.reroute import reroute_consumers
 from graphsync.graph.tf_private import create_op, pristine_scope
 from graphsync.graph.backward import is_backward
+from graphsync.graph.walks import descendants
 
 ACTIVATIONS = frozenset({"Relu", "Relu6", "LeakyRelu", "Elu", "Sigmoid", "Tanh", "Identity"})
 AFFINE = frozenset({"Mul", "AddV2", "Add", "BiasAdd", "Sub", "RealDiv"})   # with a per-channel operand
@@ -125,7 +126,7 @@ def incoming_gradients(readers: set, read: set, downstream: set | None = None) -
     for, without a cycle."""
     incoming = {t.op for r in readers for t in r.inputs
                 if t.ref() not in read and is_backward(t.op) and t.op.type not in _SHAPE_TYPES}
-    incoming -= downstream if downstream is not None else downstream_of(readers)
+    incoming -= downstream if downstream is not None else descendants(readers, control=True)
     return sorted(incoming, key=lambda op: op.name)
 
 
@@ -207,15 +208,3 @@ def _with_chain_ancestors(read: list, chain: list) -> list:
         needed.add(op)
         stack += [t.op for t in op.inputs if t.op in members]
     return [op for op in chain if op in needed]
-
-
-def downstream_of(ops: set) -> set:
-    """Every op that runs after one of `ops` (data and control edges)."""
-    seen, stack = set(ops), list(ops)
-    while stack:
-        op = stack.pop()
-        for nxt in [c for t in op.outputs for c in t.consumers()] + tf_private.control_outputs(op):
-            if nxt not in seen:
-                seen.add(nxt)
-                stack.append(nxt)
-    return seen

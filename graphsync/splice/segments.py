@@ -12,11 +12,11 @@ Segments. Each synchronized layer of a tower owns a *region*: the forward ops re
 roots (graphsync's normalization op, a moments layer's first scale of x, where a synchronized
 reduction's value meets the activations; and, for the tower's first layer, the stem convolution
 that makes its input) through activation-sized tensors on the roots' device, and from no later
-layer's roots. Consecutive layers are grouped into segments (`cut`: the grouping whose estimated
-peak is least, among greedy cuts at a ladder of sizes and cuts every k layers, Chen et al.'s √n
-among them). What a segment reads from another — a skip connection, a residual's shortcut, the
-input of its first convolution — is its checkpoint: the forward keeps it. Every activation-sized
-tensor the backward reads inside the segment is a copy instead.
+layer's roots. Consecutive layers are grouped into segments (`cut`, graphsync/splice/segment_cost.py:
+the grouping whose estimated peak is least, among greedy cuts at a ladder of sizes and cuts every k
+layers, Chen et al.'s √n among them). What a segment reads from another — a skip connection, a
+residual's shortcut, the input of its first convolution — is its checkpoint: the forward keeps it.
+Every activation-sized tensor the backward reads inside the segment is a copy instead.
 
 Statistics are never recomputed. Walking only through activation-sized tensors stops at every
 statistic (per channel: a reduction over the batch, the exchange, the moving averages), so a copied
@@ -46,21 +46,19 @@ exists.
 from __future__ import annotations
 
 import collections
-import math
 
 import tensorflow as tf
 
 from graphsync.graph import marks, tf_private
 from graphsync.graph.marks import Mark
-from graphsync.graph.op_types import FUSED_BATCH_NORM_TYPES, SHAPE_TYPES
+from graphsync.graph.op_types import SHAPE_TYPES
 from graphsync.graph.backward import is_backward, judge_again
-from graphsync.splice.recompute import Recomputed, copy_ops, downstream_of, incoming_gradients
+from graphsync.graph.walks import descendants
+from graphsync.splice.copyable import is_activation, is_copyable, is_read
+from graphsync.splice.recompute import Recomputed, copy_ops, incoming_gradients
+from graphsync.splice.segment_cost import cut
 
 _SHAPE_TYPES = frozenset(SHAPE_TYPES)
-_LOOP_TYPES = frozenset({"Enter", "RefEnter", "Exit", "RefExit", "NextIteration", "RefNextIteration",
-                         "LoopCond"})
-_BATCH_REDUCTIONS = frozenset({"Mean", "Sum", "Max", "Min", "Prod", "All", "Any", "EuclideanNorm"})
-_FUSED = frozenset(FUSED_BATCH_NORM_TYPES)
 
 
 def place(graph: tf.Graph, towers: list) -> Recomputed:
@@ -104,45 +102,12 @@ def readers_of(statistic: tf.Tensor, depth: int = 12) -> list:
                 if op in seen or is_backward(op) or op.device != statistic.op.device:
                     continue
                 seen.add(op)
-                if any(_activation(u) for u in op.inputs):
+                if any(is_activation(u) for u in op.inputs):
                     roots.append(op)
                 else:
-                    following += [u for u in op.outputs if not _activation(u)]
+                    following += [u for u in op.outputs if not is_activation(u)]
         frontier = following
     return roots
-
-
-def cut(regions: list) -> list:
-    """Where segments begin, as layers' indices: of greedy cuts at a ladder of segment sizes and
-    of cuts every k layers (Chen et al.'s √n is one), the one whose estimated peak is least. A
-    segment's backward holds its recomputed activations and every checkpoint not yet consumed:
-    what it and the segments before it read from outside themselves (`_peak`)."""
-    if not regions:
-        return []
-    sizes = [_bytes(r) for r in regions]
-    total, largest = sum(sizes), max(sizes)
-    candidates = [list(range(0, len(regions), k)) for k in range(1, len(regions) + 1)]
-    for limit in {largest * (total / largest) ** (k / 24) for k in range(25)} if largest else ():
-        firsts, segment = [0], 0
-        for i, size in enumerate(sizes):
-            if i and segment + size > limit:
-                firsts.append(i)
-                segment = 0
-            segment += size
-        candidates.append(firsts)
-    return min(candidates, key=lambda firsts: (_peak(regions, sizes, firsts), len(firsts)))
-
-
-def _peak(regions: list, sizes: list, firsts: list) -> int:
-    """The estimated peak of a cut: over segments, its recomputed bytes plus every activation that
-    it or an earlier segment reads from another segment (kept from the forward until then)."""
-    kept, peak, forward = {}, 0, set().union(*regions)
-    for first, end in zip(firsts, firsts[1:] + [len(regions)]):
-        region = set().union(*regions[first:end])
-        kept.update((t.ref(), _size(t)) for op in region for t in op.inputs
-                    if t.op not in region and t.op in forward and _activation(t))   # not weights, not data
-        peak = max(peak, sum(kept.values()) + sum(sizes[first:end]))
-    return peak
 
 
 def when_differentiated(trigger: tf.Operation) -> Recomputed:
@@ -173,17 +138,17 @@ def recompute_region(graph: tf.Graph, region: set, after: set = frozenset(), bui
     backward, whose ops nothing reads yet."""
     readers = {}
     for op in region:
-        if _copyable(op):
+        if is_copyable(op):
             for t in op.outputs:
-                if _activation(t):
+                if is_activation(t):
                     backward = [c for c in t.consumers() if is_backward(c) and c.type not in _SHAPE_TYPES
-                                and (building or _used(c))]
+                                and (building or is_read(c))]
                     if backward:
                         readers[t.ref()] = (t, backward)
     if not readers:
         return Recomputed(), set()
     all_readers = {r for _, rs in readers.values() for r in rs}
-    downstream = downstream_of(all_readers)
+    downstream = descendants(all_readers, control=True)
     wait = incoming_gradients(all_readers, set(readers), downstream)
     if not wait:
         return Recomputed(), set()   # nothing to wait for: copies would run with the forward, saving nothing
@@ -212,7 +177,7 @@ def _first_of_chains(reads: list, needed: list) -> list:
 def _with_first_input(layers: list) -> list:
     """The tower's first layer's input, when computed from the tower's data by ops that can run
     again (a stem convolution), begins a segment of its own: its producer is then recomputed."""
-    inputs = [t.op for op in layers[0][1] for t in op.inputs if _activation(t) and _copyable(t.op)]
+    inputs = [t.op for op in layers[0][1] for t in op.inputs if is_activation(t) and is_copyable(t.op)]
     return [(None, inputs[:1], True)] + layers if inputs else layers
 
 
@@ -236,7 +201,7 @@ def _reached(roots: list, claimed: frozenset = frozenset()) -> set:
     while queue:
         op = queue.popleft()
         for t in op.outputs:
-            if not _activation(t):
+            if not is_activation(t):
                 continue
             for c in t.consumers():
                 if c not in seen and c not in claimed and c.device == op.device and not is_backward(c) \
@@ -248,9 +213,9 @@ def _reached(roots: list, claimed: frozenset = frozenset()) -> set:
 
 def _backward_readers(region: set, building: bool) -> set:
     """The backward ops reading an activation `region` computes or reads from outside."""
-    tensors = {t.ref(): t for op in region for t in list(op.inputs) + list(op.outputs) if _activation(t)}
+    tensors = {t.ref(): t for op in region for t in list(op.inputs) + list(op.outputs) if is_activation(t)}
     return {c for t in tensors.values() for c in t.consumers()
-            if is_backward(c) and c.type not in _SHAPE_TYPES and (building or _used(c))}
+            if is_backward(c) and c.type not in _SHAPE_TYPES and (building or is_read(c))}
 
 
 def _live(ops: list) -> list:
@@ -294,11 +259,6 @@ def _may_die(op: tf.Operation, memo: dict) -> bool:
     return memo[op]
 
 
-def _used(op: tf.Operation) -> bool:
-    """Whether anything reads `op` (a gradient op the rewrite replaced is left unread, and never runs)."""
-    return any(t.consumers() for t in op.outputs) or bool(tf_private.control_outputs(op))
-
-
 def _needed(ops: list, region: set) -> list:
     """`ops` and the region's copyable ancestors they are computed from, in an order where every
     op follows its inputs' ops."""
@@ -316,49 +276,8 @@ def _needed(ops: list, region: set) -> list:
             state[op] = 1
             stack.append((op, True))
             stack += [(t.op, False) for t in op.inputs
-                      if t.op in region and not state.get(t.op) and _activation(t) and _copyable(t.op)]
+                      if t.op in region and not state.get(t.op) and is_activation(t) and is_copyable(t.op)]
     return order
-
-
-def _copyable(op: tf.Operation) -> bool:
-    """Whether running `op` again gives the forward's values without touching a statistic, a
-    variable or another device's step."""
-    if not op.inputs or op.op_def.is_stateful or op.type in _LOOP_TYPES:
-        return False   # a source (a placeholder, a constant) is kept, not run again
-    if any(t.dtype in (tf.resource, tf.variant) or t.dtype != t.dtype.base_dtype for t in op.inputs):
-        return False   # a variable read again could see another value; a variant holds state
-    if op.type in _FUSED:
-        return not op.get_attr("is_training")
-    if op.type in _BATCH_REDUCTIONS:
-        axes = tf.get_static_value(op.inputs[1])
-        rank = op.inputs[0].shape.rank
-        return axes is not None and rank is not None and 0 not in {int(a) % rank for a in axes.ravel()}
-    return True
-
-
-def _activation(t: tf.Tensor) -> bool:
-    """Whether `t` is activation-sized: more elements than its largest dimension (a per-channel
-    statistic, a scalar or a shape is not), or of a size not known when the graph was built."""
-    n = t.shape.num_elements()
-    if n is None:
-        return True
-    dims = [d for d in t.shape.as_list()] if t.shape.rank else []
-    return n > max(dims + [1])
-
-
-def _bytes(region: set) -> int:
-    """What recomputing `region` holds until the backward reads it: the activations the backward
-    reads (an op between them usually reuses its input's buffer), a batch of one where unknown.
-    Before the gradients exist, every activation the region computes: what they will read."""
-    differentiated = any(is_backward(c) for op in region for t in op.outputs for c in t.consumers())
-    return sum(_size(t) for op in region if _copyable(op) for t in op.outputs
-               if _activation(t) and (not differentiated or any(
-                   is_backward(c) and c.type not in _SHAPE_TYPES and _used(c) for c in t.consumers())))
-
-
-def _size(t: tf.Tensor) -> int:
-    dims = t.shape.as_list() if t.shape.rank is not None else [None]
-    return math.prod(1 if d is None else d for d in dims) * max(t.dtype.size, 1)
 
 
 def _names(op: tf.Operation, mark: Mark, ops: list) -> None:

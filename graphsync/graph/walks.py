@@ -1,10 +1,13 @@
-"""Walks forward from an op that the verdicts take, and other packages borrow (graphsync/match/
-unfollowed.py, graphsync/plan/tower_dependent.py): the forward readers downstream of an op, and
-whether an op takes one of the model's variables in."""
+"""Walks over a graph's edges that every stage takes, kept here so that no stage borrows another's:
+the forward readers downstream of an op (the batch axis's verdicts and unfollowed reductions, the
+plan's tower-dependent reductions), whether an op takes one of the model's variables in, and every
+op downstream of some (function bodies' outputs, the splice's recomputed regions). The ancestors
+of what a run executes are graphsync/graph/executed.py's."""
 from __future__ import annotations
 
 import tensorflow as tf
 
+from graphsync.graph import tf_private
 from graphsync.graph.backward import is_backward
 
 _VARIABLES = frozenset({"VariableV2", "Variable", "VarHandleOp", "ReadVariableOp", "ResourceGather"})
@@ -36,3 +39,17 @@ def reads_variable(op: tf.Operation, depth: int = 3) -> bool:
                                                           "Reshape", "ExpandDims")
                     for t in o.inputs]
     return any(o.type in _VARIABLES for o in frontier)
+
+
+def descendants(ops, control: bool = False) -> set:
+    """`ops` and every op that reads data from them, on and on; with `control`, every op that runs
+    after one of them (control edges too)."""
+    seen, stack = set(ops), list(ops)
+    while stack:
+        op = stack.pop()
+        readers = [c for t in op.outputs for c in t.consumers()]
+        for nxt in (readers + tf_private.control_outputs(op)) if control else readers:
+            if nxt not in seen:
+                seen.add(nxt)
+                stack.append(nxt)
+    return seen

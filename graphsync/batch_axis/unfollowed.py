@@ -22,12 +22,15 @@ import dataclasses
 
 import tensorflow as tf
 
-from graphsync import batch_axis
+from graphsync.batch_axis.order import ORDER_TYPES
+from graphsync.batch_axis.per_example import PER_EXAMPLE_ENV
+from graphsync.batch_axis.reductions import REDUCTION_TYPES
 from graphsync.errors import GraphsyncError
 from graphsync.match.hidden import is_inlined
 from graphsync.graph.backward import is_backward
+from graphsync.graph.walks import forward_readers, reads_variable
 
-REDUCING = batch_axis.REDUCTION_TYPES | batch_axis.ORDER_TYPES
+REDUCING = REDUCTION_TYPES | ORDER_TYPES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,9 +88,9 @@ def _read_back(op: tf.Operation, budget: int = 400) -> bool:
     into a tensor that is not a scalar (a normalization, a centring): where a batch statistic goes.
     Readers beyond the budget are not followed, and are taken to read it back (the line is said)."""
     walked = 0
-    for reader in batch_axis.forward_readers(op, lambda reader: True, budget):
+    for reader in forward_readers(op, lambda reader: True, budget):
         walked += 1
-        if any(o.shape.rank != 0 and o.dtype.is_floating for o in reader.outputs) and batch_axis.reads_variable(reader):
+        if any(o.shape.rank != 0 and o.dtype.is_floating for o in reader.outputs) and reads_variable(reader):
             return True
     return walked >= budget
 
@@ -102,4 +105,4 @@ def refuse(found) -> None:
         raise GraphsyncError(
             f"{first.line()}{others}: graphsync cannot tell whether {first.unknown_type} combines examples; "
             f"if it keeps each example apart (batch on axis 0), declare it: "
-            f"{batch_axis.PER_EXAMPLE_ENV}={first.unknown_type}; else compute it outside the towers")
+            f"{PER_EXAMPLE_ENV}={first.unknown_type}; else compute it outside the towers")

@@ -143,7 +143,7 @@ def check_rewritten(graph: tf.Graph, plan, covered: dict, version: int) -> None:
     tower (not replaced by the rewrite, not made by it since the graph's `version`) is an error
     naming the op."""
     made = frozenset(tf_private.ops_added_since(graph, version))
-    rows, _ = verdicts(graph, plan.towers, False, covered, skip=made, processes=plan.process_group is not None)
+    rows, _ = verdicts(graph, plan.towers, False, covered, skip=made, processes=plan.across_processes)
     refused = [r for r in rows if r.verdict == "refused"]
     if refused:
         raise GraphsyncError(f"internal: {refused[0].op} ({refused[0].type}) still computes a batch statistic per "

@@ -4,6 +4,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from graphsync.errors import GraphsyncError
+from graphsync.plan.options import RewriteOptions
 from graphsync.plan.planner import make_plan
 from graphsync.towers.scopes import ROOT, Tower, find_towers, tower_of
 
@@ -12,7 +13,7 @@ def find(graph: tf.Graph, towers) -> list[Tower]:
     """The rewrite's towers (or those --towers names); at least two."""
     found = []
     try:
-        found = make_plan(graph, towers).towers
+        found = make_plan(graph, RewriteOptions(towers=towers)).towers
     except GraphsyncError:
         pass
     if len(found) < 2:

@@ -142,7 +142,7 @@ def _rewrite(graph, options: RewriteOptions) -> RewriteReport:
     report.layers.extend(_layer_reports(plan.layers))
     _check(spliced.layers)
     if plan.layers:   # the analysis again, on the result: no batch statistic left per tower
-        rule.check_rewritten(graph, plan, plan.covered, version)
+        rule.check_rewritten(graph, plan, plan.covered, version, processes=plan.across_processes)
     report.shared_moving = shared_averages.leave_to_first_worker(graph, shared_writes, options.process_group)
     _say_kept_per_tower(plan.kept_per_tower)
     _say_unfollowed(plan.unfollowed)

@@ -89,14 +89,10 @@ def _decide(decisions, graph, strategy, label: str, trains: bool) -> None:
             decisions.once(f"{label}: left alone: its {merged} batch statistics are merged across replicas by the "
                            "model itself (Keras' synchronized=True)", decisions.say)
             return
-    options = dict(decisions.options)   # a TF1 server's TF_CONFIG logic (autosync/worker.py) is not a trace's
-    if kind in MULTI_WORKER:
-        group = _process_group(strategy)
-        if group is not None:
-            options = dict(decisions.options, strategy="allreduce", process_group=group)
+    group = _process_group(strategy) if kind in MULTI_WORKER else None   # None: a single worker
     with tf_private.tensors_compared_as_nodes():
         decisions.decide_function(graph, label, replicated=strategy is not None and trains and _steps(graph),
-                                  options=options)
+                                  process_group=group)
 
 
 def _steps(graph) -> bool:

@@ -146,26 +146,26 @@ class GraphDecisions:
                 "and that session (still open) would ignore the rewrite: build every tower before the first "
                 "run, or call graphsync.rewrite_towers() once they are built and run them in a new session")
 
-    def decide_function(self, graph, label: str, replicated: bool, process_group=None) -> None:
+    def decide_function(self, graph, label: str, replicated: bool, options=None) -> None:
         """A tf.function's graph just traced (graphsync/autosync/functions.py), rewritten as a graph
-        is, with the options given here (options_for's TF1 server logic, autosync/worker.py, is not
-        a trace's), across `process_group`'s workers when given; one traced under a strategy in
-        which no towers are found is said, never left silent."""
+        is (with `options`, a RewriteOptions, when given, instead of options_for's); one traced under
+        a strategy in which no towers are found is said, never left silent."""
         with self._lock:
-            self._rewrite(graph, label, self.options, replicated=replicated, process_group=process_group)
+            options = self.options_for(graph) if options is None else options
+            if options is not None:
+                self._rewrite(graph, label, options, replicated=replicated)
 
-    def _rewrite(self, graph, label: str, keywords: dict, replicated: bool = False, process_group=None) -> bool:
-        """Whether the graph is decided: rewritten, or refused. `keywords`: rewrite_towers' (options_for's),
-        made a RewriteOptions here, where a bad one is said like a graph's refusal."""
+    def _rewrite(self, graph, label: str, options, replicated: bool = False) -> bool:
+        """Whether the graph is decided: rewritten, or refused. `options`: a RewriteOptions, or
+        options_for's keyword arguments, made one here, where a bad one is said like a refusal."""
         from graphsync.errors import GraphsyncError, GraphsyncWarning, NoTowersError
         from graphsync.plan.options import RewriteOptions
         from graphsync.rewrite import rewrite_with
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", GraphsyncWarning)
             try:
-                options = RewriteOptions.of(**keywords)
-                if process_group is not None:   # a worker of a multi-worker strategy's step
-                    options = options.across_processes(process_group)
+                if not isinstance(options, RewriteOptions):
+                    options = RewriteOptions.of(**options)
                 self._refuse_if_already_copied(graph, label, options)
                 report = rewrite_with(graph, options)
             except NoTowersError as exc:   # said by default when scopes look like towers

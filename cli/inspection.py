@@ -33,11 +33,12 @@ def inspect(input_path, towers, device, strategy, group_size, tags, as_json, ver
     graphsync = shell.library(verbose)
     shell.check_device(device)
     with shell.library_errors(), shell.shown_warnings(False, verbose):
+        options = graphsync.plan.options.RewriteOptions.of(towers=towers, device=device, strategy=strategy,
+                                                           group_size=group_size)
         loaded = graphsync.io.load(input_path, tags)
         n_ops = len(loaded.graph.get_operations())
-        plan, inlined = graphsync.rewrite.plan_towers(loaded.graph, towers=towers, device=device, strategy=strategy,
-                                                      group_size=group_size, refuse=False)   # in the loaded copy only
-    info = _inspection(loaded, plan, n_ops, inlined)
+        plan, inlined = graphsync.rewrite.plan_with(loaded.graph, options, refuse=False)   # in the loaded copy only
+    info = _inspection(loaded, plan, options, n_ops, inlined)
     if as_json:
         click.echo(json.dumps(info, indent=2))
     else:
@@ -46,7 +47,7 @@ def inspect(input_path, towers, device, strategy, group_size, tags, as_json, ver
         raise shell.Failure(plan.refused)
 
 
-def _inspection(loaded, plan, n_ops: int, inlined: list) -> dict:
+def _inspection(loaded, plan, options, n_ops: int, inlined: list) -> dict:
     """What `inspect` shows, as plain data."""
     from graphsync.plan.normalizations import normalizations  # noqa: PLC0415 (shell.library imported it)
     devices = _tower_devices(loaded.graph, plan)
@@ -86,7 +87,7 @@ def _inspection(loaded, plan, n_ops: int, inlined: list) -> dict:
             "towers": [{"name": t.label, "prefix": t.prefix, "device": devices.get(t.label, "")}
                        for t in plan.towers],
             "towers_found_by": plan.found_by,
-            "device": plan.device, "strategy": plan.strategy,
+            "device": plan.device, "strategy": options.strategy.value,
             "groups": [[plan.towers[i].label for i in g] for g in plan.groups],
             "layers": layers, "skipped": skipped,
             "cross_example": [{"op": r.op, "type": r.type, "tower": r.tower, "verdict": r.verdict, "why": r.why}

@@ -19,6 +19,8 @@ import warnings
 
 import click
 
+from graphsync.plan.options import Recompute, Strategy
+
 EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
 PROGRESS_DELAY = 0.5  # seconds before a progress bar appears
 
@@ -249,7 +251,8 @@ device_option = click.option(
     "--device", metavar="DEV",
     help="Device that combines the towers' statistics (default: CPU 0 of tower 0's host).")
 strategy_option = click.option(
-    "--strategy", type=click.Choice(["gather", "allreduce"]), default="gather", show_default=True,
+    "--strategy", type=click.Choice([strategy.value for strategy in Strategy]), default=Strategy.GATHER.value,
+    show_default=True,
     help="gather: statistics combined on --device; allreduce: one CollectiveReduceV2 per layer and "
          "direction on the towers' own devices (every tower must run each step).")
 group_size_option = click.option(
@@ -260,10 +263,10 @@ class RecomputeMode(click.ParamType):
     what follows it is taken as its value, so a script path there gets a hint, not a puzzle."""
 
     name = "layers|segments"
-    MODES = {"layers": True, "segments": "segments"}
+    MODES = {mode.value: mode for mode in Recompute if mode}   # the words are the enum's values
 
     def convert(self, value, param, ctx):
-        if value is True or value in self.MODES.values():
+        if value is True or isinstance(value, Recompute):
             return value
         if value in self.MODES:
             return self.MODES[value]

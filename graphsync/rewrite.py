@@ -1,10 +1,19 @@
-"""`rewrite_towers`: find candidates → find towers → pair → plan → splice (through an exchange) → check.
+"""`rewrite_towers`: the options validated (RewriteOptions), then a short list of passes, each
+returning its result:
 
-`plan_towers` is the one place where rewrite_towers' options become a plan; `graphsync run`
-(graphsync/autosync/) and `graphsync inspect` plan through it too."""
+    plan      tower tf.function calls inlined, then candidates → towers → pairs → every check
+              (plan_with: splice/inline.py around plan/planner.py make_plan) → Plan
+    exchange  how the plan's statistics cross devices (exchange/) → Gather or AllReduce
+    splice    every planned layer synchronized (splice/) → Splice
+    check     nothing reads an old op, and the analysis again finds no batch statistic per tower
+
+`plan_towers` is the API's way to a plan alone; `graphsync run` (graphsync/autosync/) and
+`graphsync inspect` plan through `plan_with`, the saved-file rewrite and `graphsync run` rewrite
+through `rewrite_with`, each with the RewriteOptions its entry point built."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import warnings
 import weakref
@@ -23,7 +32,8 @@ from graphsync.exchange import make_exchange
 from graphsync.plan.data import Plan, digest, fingerprints
 from graphsync.plan import moving_updates, rule
 from graphsync.plan.normalizations import normalizations
-from graphsync.plan.planner import make_plan, recompute_mode
+from graphsync.plan.options import Recompute, RewriteOptions, Strategy
+from graphsync.plan.planner import make_plan
 from graphsync.report import Backward, LayerReport, RewriteReport, SkippedReport
 
 _rewritten_graphs = weakref.WeakSet()   # every graph rewrite_towers changed (see was_rewritten)
@@ -68,68 +78,78 @@ def rewrite_towers(graph: tf.Graph | None = None, *, towers=None, device: str | 
     Raises GraphsyncError, leaving the graph untouched, when the graph cannot be rewritten.
     """
     graph = graph if graph is not None else tf.compat.v1.get_default_graph()
-    recompute_mode(recompute)   # a bad value fails before anything is inlined
-    if graph.finalized:
-        raise GraphsyncError("the graph is finalized (a MonitoredSession or Supervisor froze it): "
-                             "call rewrite_towers() before creating the session")
+    options = RewriteOptions.of(towers=towers, device=device, strategy=strategy, group_size=group_size,
+                                process_group=process_group, recompute=recompute)   # before anything is inlined
+    _refuse_finalized(graph)
     with _collector_paused():
-        return _rewrite(graph, towers, device, strategy, group_size, process_group, recompute)
+        return _rewrite(graph, options)   # as deep below the caller as from rewrite_with: warnings' stacklevel
+
+
+def rewrite_with(graph: tf.Graph, options: RewriteOptions) -> RewriteReport:
+    """rewrite_towers with the options its entry point built (graphsync.io's rewrite_file,
+    `graphsync run`)."""
+    _refuse_finalized(graph)
+    with _collector_paused():
+        return _rewrite(graph, options)
 
 
 def plan_towers(graph: tf.Graph, *, towers=None, device: str | None = None, strategy: str = "gather",
                 group_size: int | None = None, process_group: ProcessGroup | None = None,
                 inline_calls: bool = True, recompute: bool = False, refuse: bool = True) -> tuple[Plan, list[str]]:
-    """How rewrite_towers' options become a plan, for the rewrite, `graphsync run` and `inspect`:
-    (the plan, the names of the tf.function calls inlined). With `inline_calls` the towers' calls
-    are inlined into `graph` first, after a rehearsal on a copy (graphsync/splice/inline.py);
-    without, the plan lists them (Plan.calls) and the graph is untouched. Without `refuse`, what a
-    rewrite would refuse is kept in `Plan.refused` (graphsync inspect lists the verdicts anyway)."""
+    """What rewrite_towers would splice, for users and tests: plan_with, the options built from
+    rewrite_towers' keyword arguments."""
+    options = RewriteOptions.of(towers=towers, device=device, strategy=strategy, group_size=group_size,
+                                process_group=process_group, recompute=recompute)
+    return plan_with(graph, options, inline_calls=inline_calls, refuse=refuse)
+
+
+def plan_with(graph: tf.Graph, options: RewriteOptions, *, inline_calls: bool = True,
+              refuse: bool = True) -> tuple[Plan, list[str]]:
+    """The plan pass, for the rewrite, `graphsync run` and `inspect`: (the plan, the names of the
+    tf.function calls inlined). With `inline_calls` the towers' calls are inlined into `graph`
+    first, after a rehearsal on a copy (graphsync/splice/inline.py); without, the plan lists them
+    (Plan.calls) and the graph is untouched. Without `refuse`, what a rewrite would refuse is kept
+    in `Plan.refused` (graphsync inspect lists the verdicts anyway)."""
     def plan(g):
-        return make_plan(g, towers, device, strategy=strategy, group_size=group_size, process_group=process_group,
-                         recompute=recompute, refuse=refuse)
+        return make_plan(g, options, refuse=refuse)
     return inline.planned(graph, plan) if inline_calls else (plan(graph), [])
 
 
-def _rewrite(graph, towers, device, strategy, group_size, process_group, recompute=False) -> RewriteReport:
-    plan, inlined = plan_towers(graph, towers=towers, device=device, strategy=strategy, group_size=group_size,
-                                process_group=process_group, recompute=recompute)
-    report = RewriteReport([t.label for t in plan.towers], plan.device if strategy == "gather" else "",
-                           skipped=[SkippedReport(op, why) for op, why in plan.skipped], strategy=strategy,
-                           groups=[[plan.towers[i].label for i in g] for g in plan.groups],
-                           process_group=process_group and (process_group.tasks, process_group.index),
-                           inlined=inlined, recompute=plan.recompute)
-    if process_group is not None:
-        report.fingerprints = fingerprints(plan)
-    exchange = make_exchange(graph, plan.strategy, plan.device, plan.groups, process_group,
-                             digest("\n".join(report.fingerprints)), plan.ps_tasks) if plan.layers else None
+@dataclasses.dataclass
+class Splice:
+    """What the splice pass made: the layers it synchronized (a conditional layer's stand-ins),
+    and what the report counts."""
+
+    layers: list = dataclasses.field(default_factory=list)
+    recomputed: int = 0
+    edges_moved: int = 0
+    grad_ops_replaced: int = 0
+
+
+def _rewrite(graph, options: RewriteOptions) -> RewriteReport:
+    """The passes (plan → exchange → splice → check), then what the user is told."""
+    plan, inlined = plan_with(graph, options)
+    report = _planned_report(plan, options, inlined)
+    exchange = make_exchange(graph, options, plan.device, plan.groups, digest("\n".join(report.fingerprints)),
+                             plan.ps_tasks) if plan.layers else None
     if plan.layers and exchange.name == "ps":
         report.strategy, report.device = "ps", ", ".join(plan.ps_tasks)
     moving_writes = moving_updates.writes_per_layer(plan.layers)
     shared_writes = shared_averages.shared_writes(plan)
-    spliced = []
-    per_tower = {}   # recompute="segments": each tower's layers, in forward order
     version = graph.version   # the ops created from here on are the splice's
-    for layer in plan.layers:
-        made = reduction.splice_reduction(graph, layer, exchange) if layer.form.reduces else \
-            splice.splice_layer(graph, layer, exchange, recompute=plan.recompute)
-        spliced.append(made.layer)
-        for site, entry in zip(made.layer.sites if made.layer else (), getattr(made, "segments", ())):
-            per_tower.setdefault(site.tower.label, []).append(entry)
-        report.recomputed += made.recomputed
-        report.edges_moved += made.edges
-        report.grad_ops_replaced += made.grads_replaced
-    if plan.recompute == "segments":
-        report.recomputed += segments.place(graph, list(per_tower.values())).tensors
+    spliced = _splice(graph, plan, options.recompute, exchange)
+    report.recomputed, report.edges_moved = spliced.recomputed, spliced.edges_moved
+    report.grad_ops_replaced = spliced.grad_ops_replaced
     report.layers.extend(_layer_reports(plan.layers))
-    _check(spliced)
+    _check(spliced.layers)
     if plan.layers:   # the analysis again, on the result: no batch statistic left per tower
-        rule.check_rewritten(graph, plan, plan.covered, version)
-    report.shared_moving = shared_averages.leave_to_first_worker(graph, shared_writes, process_group)
+        rule.check_rewritten(graph, plan, plan.covered, version, processes=plan.across_processes)
+    report.shared_moving = shared_averages.leave_to_first_worker(graph, shared_writes, options.process_group)
     _say_kept_per_tower(plan.kept_per_tower)
     _say_unfollowed(plan.unfollowed)
     _say_undecided(plan.cross_example)
     _say_repeated_updates(moving_updates.repeated(moving_writes))
-    if plan.recompute:
+    if options.recompute:
         report.recompute_deferred = sum(not layer.has_gradients and layer.form.recomputes
                                         for layer in plan.layers)   # a reduction has nothing to recompute
     if report.changed:
@@ -137,10 +157,48 @@ def _rewrite(graph, towers, device, strategy, group_size, process_group, recompu
         unordered = ref_reads.order_before_updates(graph, version)
         _say_unordered(unordered)
         _say_races([r for r in ref_races.find_races(graph) if r not in unordered])
-        if process_group is not None and process_group.heartbeat:
+        if options.process_group is not None and options.process_group.heartbeat:
             from graphsync.between_graph import watched_steps
-            watched_steps.watch(graph, process_group, report.fingerprints)
+            watched_steps.watch(graph, options.process_group, report.fingerprints)
     return report
+
+
+def _planned_report(plan: Plan, options: RewriteOptions, inlined: list) -> RewriteReport:
+    """The report of what the plan will synchronize, before the splice counts what it made."""
+    process_group = options.process_group
+    gathered = options.strategy is Strategy.GATHER
+    report = RewriteReport([t.label for t in plan.towers], plan.device if gathered else "",
+                           skipped=[SkippedReport(op, why) for op, why in plan.skipped], strategy=options.strategy.value,
+                           groups=[[plan.towers[i].label for i in g] for g in plan.groups],
+                           process_group=process_group and (process_group.tasks, process_group.index),
+                           inlined=inlined, recompute=options.recompute.value)
+    if process_group is not None:
+        report.fingerprints = fingerprints(plan)
+    return report
+
+
+def _splice(graph: tf.Graph, plan: Plan, recompute: Recompute, exchange) -> Splice:
+    """The splice pass: every planned layer synchronized through `exchange`, in forward order."""
+    made_in_all = Splice()
+    per_tower = {}   # recompute="segments": each tower's layers, in forward order
+    for layer in plan.layers:
+        made = reduction.splice_reduction(graph, layer, exchange) if layer.form.reduces else \
+            splice.splice_layer(graph, layer, exchange, recompute=recompute)
+        made_in_all.layers.append(made.layer)
+        for site, entry in zip(made.layer.sites if made.layer else (), getattr(made, "segments", ())):
+            per_tower.setdefault(site.tower.label, []).append(entry)
+        made_in_all.recomputed += made.recomputed
+        made_in_all.edges_moved += made.edges
+        made_in_all.grad_ops_replaced += made.grads_replaced
+    if recompute is Recompute.SEGMENTS:
+        made_in_all.recomputed += segments.place(graph, list(per_tower.values())).tensors
+    return made_in_all
+
+
+def _refuse_finalized(graph: tf.Graph) -> None:
+    if graph.finalized:
+        raise GraphsyncError("the graph is finalized (a MonitoredSession or Supervisor froze it): "
+                             "call rewrite_towers() before creating the session")
 
 
 def _layer_reports(layers) -> list[LayerReport]:

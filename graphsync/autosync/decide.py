@@ -48,7 +48,7 @@ class GraphDecisions:
         self._numbers = weakref.WeakKeyDictionary()  # graph → its number in messages, in order of first use
         self._count = itertools.count(1)
         self._looked_at = weakref.WeakKeyDictionary()  # graph → its version when last looked at
-        self._synchronized = weakref.WeakKeyDictionary()  # graph rewritten here → the options it was rewritten with
+        self._synchronized = weakref.WeakKeyDictionary()  # graph rewritten here → its RewriteOptions
         self._lock = threading.RLock()
         self._copies = SessionCopies()
         self._said_traces: set = set()   # (function, summary) said once (autosync/functions.py)
@@ -133,7 +133,7 @@ class GraphDecisions:
                                "build the whole model before its first session or run, or call "
                                "graphsync.rewrite_towers() after its last layer")
 
-    def _refuse_if_already_copied(self, graph, label: str, options: dict) -> None:
+    def _refuse_if_already_copied(self, graph, label: str, options) -> None:
         """A GraphsyncError when an open session already holds an op the rewrite would edit."""
         if not self._copies.held(graph):
             return   # the usual case: no open session has run this graph yet, nothing to plan twice
@@ -146,24 +146,28 @@ class GraphDecisions:
                 "and that session (still open) would ignore the rewrite: build every tower before the first "
                 "run, or call graphsync.rewrite_towers() once they are built and run them in a new session")
 
-    def decide_function(self, graph, label: str, replicated: bool, options: dict | None = None) -> None:
+    def decide_function(self, graph, label: str, replicated: bool, options=None) -> None:
         """A tf.function's graph just traced (graphsync/autosync/functions.py), rewritten as a graph
-        is (with `options`, when given, instead of options_for's); one traced under a strategy in
-        which no towers are found is said, never left silent."""
+        is (with `options`, a RewriteOptions, when given, instead of options_for's); one traced under
+        a strategy in which no towers are found is said, never left silent."""
         with self._lock:
             options = self.options_for(graph) if options is None else options
             if options is not None:
                 self._rewrite(graph, label, options, replicated=replicated)
 
-    def _rewrite(self, graph, label: str, options: dict, replicated: bool = False) -> bool:
-        """Whether the graph is decided: rewritten, or refused."""
+    def _rewrite(self, graph, label: str, options, replicated: bool = False) -> bool:
+        """Whether the graph is decided: rewritten, or refused. `options`: a RewriteOptions, or
+        options_for's keyword arguments, made one here, where a bad one is said like a refusal."""
         from graphsync.errors import GraphsyncError, GraphsyncWarning, NoTowersError
-        from graphsync.rewrite import rewrite_towers
+        from graphsync.plan.options import RewriteOptions
+        from graphsync.rewrite import rewrite_with
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", GraphsyncWarning)
             try:
+                if not isinstance(options, RewriteOptions):
+                    options = RewriteOptions.of(**options)
                 self._refuse_if_already_copied(graph, label, options)
-                report = rewrite_towers(graph, **options)
+                report = rewrite_with(graph, options)
             except NoTowersError as exc:   # said by default when scopes look like towers
                 self.left_alone(graph, label, exc, replicated)
                 return False
@@ -248,11 +252,11 @@ class GraphDecisions:
         stream.flush()
 
 
-def _plan(graph, options: dict):
-    """The plan rewrite_towers(graph, **options) would splice, its tf.function calls listed rather
-    than inlined: the graph untouched."""
-    from graphsync.rewrite import plan_towers
-    return plan_towers(graph, inline_calls=False, **options)[0]
+def _plan(graph, options):
+    """The plan a rewrite with `options` (a RewriteOptions) would splice, its tf.function calls
+    listed rather than inlined: the graph untouched."""
+    from graphsync.rewrite import plan_with
+    return plan_with(graph, options, inline_calls=False)[0]
 
 
 def _one_line(text) -> str:

@@ -89,11 +89,13 @@ def _decide(decisions, graph, strategy, label: str, trains: bool) -> None:
             decisions.once(f"{label}: left alone: its {merged} batch statistics are merged across replicas by the "
                            "model itself (Keras' synchronized=True)", decisions.say)
             return
-    options = dict(decisions.options)   # a TF1 server's TF_CONFIG logic (autosync/worker.py) is not a trace's
-    if kind in MULTI_WORKER:
-        group = _process_group(strategy)
-        if group is not None:
-            options = dict(decisions.options, strategy="allreduce", process_group=group)
+    from graphsync.plan.options import RewriteOptions
+    # the options given, validated at install (autosync/patching.py): a TF1 server's TF_CONFIG logic
+    # (autosync/worker.py options_for) is not a trace's
+    options = RewriteOptions.of(**decisions.options)
+    group = _process_group(strategy) if kind in MULTI_WORKER else None
+    if group is not None:
+        options = options.across_processes(group)
     with tf_private.tensors_compared_as_nodes():
         decisions.decide_function(graph, label, replicated=strategy is not None and trains and _steps(graph),
                                   options=options)

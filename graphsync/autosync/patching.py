@@ -154,7 +154,10 @@ class AutoSync(GraphDecisions):
             setattr(owner, attribute, replacement)
 
     def _check_options(self) -> None:
-        """What needs TensorFlow to validate (the device name), checked when it is imported."""
+        """The options, before the first graph (graphsync/plan/options.py: every rule about them),
+        and what needs TensorFlow to validate (the device name), checked when it is imported."""
+        from graphsync.plan.options import RewriteOptions
+        RewriteOptions.of(**self.options)
         device = self.options.get("device")
         if device:
             import tensorflow as tf

@@ -22,28 +22,26 @@ Both strategies offer the same operations to the splice, per sync group of tower
 """
 from __future__ import annotations
 
-from graphsync.errors import GraphsyncError
 from graphsync.exchange.allreduce import AllReduce
 from graphsync.exchange.collectives import Collectives, differentiation
 from graphsync.exchange.gather import Gather
 from graphsync.exchange.through_ps import PsQueues
 from graphsync.exchange.values import Synchronized
 from graphsync.exchange.views import summed_gradient
+from graphsync.plan.options import RewriteOptions, Strategy
 
 __all__ = ["AllReduce", "Collectives", "Gather", "PsQueues", "Synchronized", "differentiation", "make_exchange",
            "summed_gradient"]
 
 
-def make_exchange(graph, strategy: str, device: str, groups, process_group=None, fingerprint: int = 0,
-                  ps_tasks=()):
-    """The exchange of a plan; a between-graph step that uses parameter servers (`ps_tasks`, see
-    graphsync/plan/shared_tasks.py) sums through them, whatever the strategy."""
-    if strategy == "gather":
-        if process_group is not None:
-            raise GraphsyncError("between-graph replication (process_group=) needs strategy='allreduce'")
+def make_exchange(graph, options: RewriteOptions, device: str, groups, fingerprint: int = 0, ps_tasks=()):
+    """The exchange of a plan (its `device`, `groups`) for `options`' strategy; a between-graph
+    step that uses parameter servers (`ps_tasks`, see graphsync/plan/shared_tasks.py) sums through
+    them, whatever the strategy. The options are valid (plan/options.py): a process group comes
+    with Strategy.ALLREDUCE."""
+    if options.strategy is Strategy.GATHER:
         return Gather(graph, device, groups)
-    if strategy == "allreduce":
-        transport = PsQueues(graph, groups, process_group, ps_tasks, fingerprint) \
-            if process_group is not None and ps_tasks else Collectives(graph, groups, process_group, fingerprint)
-        return AllReduce(graph, groups, transport)
-    raise GraphsyncError(f"unknown strategy {strategy!r}: use 'gather' or 'allreduce'")
+    process_group = options.process_group
+    transport = PsQueues(graph, groups, process_group, ps_tasks, fingerprint) \
+        if process_group is not None and ps_tasks else Collectives(graph, groups, process_group, fingerprint)
+    return AllReduce(graph, groups, transport)

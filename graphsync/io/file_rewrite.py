@@ -9,6 +9,7 @@ from graphsync.errors import GraphsyncError
 from graphsync.io.errors import PathError
 from graphsync.io.files import check_paths, load, output_format, save
 from graphsync.io.tensorboard import write_event_file
+from graphsync.plan.options import RewriteOptions
 
 
 def require_towers(report, path: str) -> None:
@@ -32,9 +33,13 @@ def rewrite_file(input_path: str, output_path: str | None, *, towers=None, devic
     """load → rewrite_towers → save (unless dry_run) → TensorBoard log; returns (report, details).
 
     `stage(name)` is called as each step starts ("loading", "rewriting", "saving", "logging").
+    The saved-file entry point: the rewrite's options (as rewrite_towers takes them) are built
+    and validated here, once, before the file is read.
     """
-    from graphsync.rewrite import rewrite_towers  # noqa: PLC0415 (keeps `import graphsync.io` light)
+    from graphsync.rewrite import rewrite_with  # noqa: PLC0415 (keeps `import graphsync.io` light)
 
+    options = RewriteOptions.of(towers=towers, device=device, strategy=strategy, group_size=group_size,
+                                process_group=process_group, recompute=recompute)
     if output_path is not None:
         check_paths(input_path, output_path)
     elif not dry_run:
@@ -47,8 +52,7 @@ def rewrite_file(input_path: str, output_path: str | None, *, towers=None, devic
     stage("rewriting")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        report = rewrite_towers(loaded.graph, towers=towers, device=device, strategy=strategy,
-                                group_size=group_size, process_group=process_group, recompute=recompute)
+        report = rewrite_with(loaded.graph, options)
     require_towers(report, input_path)
     details = {"input": input_path, "input_format": loaded.format, "output": output_path,
                "output_format": fmt, "dry_run": dry_run, "ops_before": ops_before,

@@ -103,20 +103,18 @@ class LayerPlan:
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """Everything the splice needs, validated: nothing in it changes once made."""
+    """Everything the splice needs, validated: nothing in it changes once made. What the user
+    asked (strategy, process group, recompute) stays in the RewriteOptions (plan/options.py)."""
 
     towers: tuple[Tower, ...]
     device: str
     layers: tuple[LayerPlan, ...]
     skipped: tuple[tuple[str, str], ...]
-    strategy: str = "gather"
     groups: tuple = ()     # tower indices per sync group
-    process_group: object = None
+    across_processes: bool = False   # between-graph: the towers' peers include other workers' (a process group)
     ps_tasks: tuple = ()   # between-graph: the parameter servers the step uses (plan/shared_tasks.py)
     found_by: str = ""     # how the towers were found: "known name", "structure: gpu_%d", "towers= option"
     calls: tuple = ()      # tower tf.function calls to inline first (splice/inline.py)
-    recompute: str = ""   # "layers": the backward reads recomputed normalized outputs (splice/recompute.py);
-                          # "segments": recomputed forward segments (splice/segments.py)
     cross_example: tuple = ()   # every op combining examples, with its verdict (plan/rule.py OpVerdict)
     trace_ended: tuple = ()     # (op name, why) where the batch axis's trace ended (batch_axis/)
     unfollowed: tuple = ()      # reductions past those ends the model reads back (batch_axis/unfollowed.py)
@@ -127,7 +125,7 @@ class Plan:
     def kept_per_tower(self) -> list[tuple[str, str]]:
         """The skipped batch statistics that train inside one of several towers (or one worker's)
         and stay per tower (match.PerTower reasons): the step is not one device's there."""
-        if len(self.towers) < 2 and self.process_group is None:
+        if len(self.towers) < 2 and not self.across_processes:
             return []
         return [(op, why) for op, why in self.skipped
                 if isinstance(why, match.PerTower) and tower_of(op, self.towers) is not None]

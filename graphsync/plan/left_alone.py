@@ -33,14 +33,14 @@ _LEFT_ON_PURPOSE = (Verdict.GHOST, Verdict.PER_TOWER, Verdict.SYNCHRONIZED)
 def refuse(graph: tf.Graph, plan) -> None:
     """Raises GraphsyncError in one line when `plan` synchronizes no layer while two or more of its
     towers (or a worker of a process group) hold batch statistics."""
-    if plan.layers or (len(plan.towers) < 2 and plan.process_group is None):
+    if plan.layers or (len(plan.towers) < 2 and not plan.across_processes):
         return
     said = {row.op for row in plan.cross_example if row.verdict in _LEFT_ON_PURPOSE} | \
         {op for op, _ in plan.kept_per_tower}
     found = [op for op in graph.get_operations()
              if op.name not in said and _is_batch_statistic(op) and tower_of(op.name, plan.towers) is not None]
     towers = {tower_of(op.name, plan.towers).label for op in found}
-    if not found or (len(towers) < 2 and plan.process_group is None):
+    if not found or (len(towers) < 2 and not plan.across_processes):
         return
     why = dict(plan.skipped).get(found[0].name) or next(
         (row.why for row in plan.cross_example if row.op == found[0].name), None) or \

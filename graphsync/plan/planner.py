@@ -21,59 +21,42 @@ from graphsync.match.candidate import MomentsParts
 from graphsync.match.layer_form import LayerForm
 from graphsync.plan import left_alone, normalizations, reductions, rule, shared_tasks, training_flag
 from graphsync.plan.data import LayerPlan, MomentsGrad, Plan, Site, check_gradient_calls
+from graphsync.plan.options import RewriteOptions, Strategy
 from graphsync.stats import Layout
 from graphsync.towers import names as tower_names
 from graphsync.towers import structure as tower_structure
 from graphsync.towers.scopes import ROOT, Tower, conventional_families, find_towers, known_convention, tower_of
 
 
-def recompute_mode(recompute) -> str:
-    """rewrite_towers' `recompute` as the plan holds it: "" (off), "layers" (True) or "segments"."""
-    if recompute is None or recompute is False:
-        return ""
-    if recompute is True:
-        return "layers"
-    if recompute == "segments":
-        return "segments"
-    raise GraphsyncError(f"recompute={recompute!r}: use True (each layer's output) or 'segments' "
-                         "(whole forward segments)")
-
-
-def make_plan(graph: tf.Graph, towers=None, device: str | None = None, *, strategy: str = "gather",
-              group_size: int | None = None, process_group=None, recompute: bool = False,
-              refuse: bool = True) -> Plan:
+def make_plan(graph: tf.Graph, options: RewriteOptions = RewriteOptions(), *, refuse: bool = True) -> Plan:
     """Everything the splice needs, validated; raises GraphsyncError and leaves the graph alone.
     Without `refuse`, a batch statistic the rewrite would refuse is kept in `Plan.refused` instead,
-    so that `graphsync inspect` can list every verdict, the refused ones too."""
+    so that `graphsync inspect` can list every verdict, the refused ones too. The options alone
+    were validated when built (graphsync/plan/options.py); what they ask of this graph is checked here."""
+    towers, processes = options.towers, options.process_group is not None
     candidates = match.candidates(graph)
     analysis = batch_axis.analyze(graph)
-    plan = _match_and_pair(graph, towers, device, process_group, candidates, analysis)
+    plan = _match_and_pair(graph, towers, options.device, processes, candidates, analysis)
     covered = rule.covered_ops(graph, plan.layers, candidates)
     rows, analysis = rule.verdicts(graph, plan.towers, towers is not None, covered, analysis=analysis,
-                                   processes=process_group is not None)
+                                   processes=processes)
     if not plan.calls:   # else planned again once the calls are inlined
-        plan, rows, covered = _with_reductions(graph, plan, rows, analysis, covered, towers is not None,
-                                               process_group is not None)
+        plan, rows, covered = _with_reductions(graph, plan, rows, analysis, covered, towers is not None, processes)
     plan = dataclasses.replace(plan, cross_example=rows, covered=covered,
                                trace_ended=tuple((op.name, why) for op, why in analysis.ended),
-                               unfollowed=_unfollowed(plan, analysis, covered, process_group))
+                               unfollowed=_unfollowed(plan, analysis, covered, processes))
     if not plan.calls:   # else planned again once the calls are inlined
         plan = _refusals(graph, plan, refuse)
         if refuse:
             _refuse_unpaired_gradients(plan.layers)
     layers, skipped = _in_forward_order(graph, plan.layers, plan.skipped)
     layers = normalizations.grouped(layers)   # which normalization each layer is part of, for reports
-    plan = dataclasses.replace(plan, layers=layers, skipped=tuple(skipped), strategy=strategy,
-                               process_group=process_group, recompute=recompute_mode(recompute),
-                               groups=_groups(len(plan.towers), group_size))
-    if strategy not in ("gather", "allreduce"):
-        raise GraphsyncError(f"unknown strategy {strategy!r}: use 'gather' or 'allreduce'")
-    if process_group is not None and strategy != "allreduce":
-        raise GraphsyncError("between-graph replication (a process group) needs strategy='allreduce'")
-    if process_group is not None and plan.layers:   # parameter servers: the exchange goes through them
+    plan = dataclasses.replace(plan, layers=layers, skipped=tuple(skipped), across_processes=processes,
+                               groups=_groups(len(plan.towers), options.group_size))
+    if processes and plan.layers:   # parameter servers: the exchange goes through them
         plan = dataclasses.replace(plan, ps_tasks=shared_tasks.shared_tasks(
             [site.op for layer in plan.layers for site in layer.sites]))
-    if strategy == "allreduce":
+    if options.strategy is Strategy.ALLREDUCE:
         _check_own_devices(plan)
     return plan
 
@@ -126,11 +109,11 @@ def _backward_reader(ops, depth: int = 4):
     return None
 
 
-def _unfollowed(plan: Plan, analysis, covered: dict, process_group) -> tuple:
+def _unfollowed(plan: Plan, analysis, covered: dict, processes: bool) -> tuple:
     """The reductions the rule could not check (batch_axis/unfollowed.py), where towers could differ:
     several towers in the graph (the plan's, else those the trace ended in), or worker processes."""
     towers = list(plan.towers)
-    if len(towers) < 2 and process_group is None:
+    if len(towers) < 2 and not processes:
         towers = find_towers([op.name for op, _ in analysis.ended], None) if analysis.ended else []
         if len([t for t in towers if t.prefix != ROOT]) < 2:
             return ()
@@ -196,7 +179,7 @@ def _canonical(device: str) -> str:
     return tf.DeviceSpec.from_string(device).to_string() if device else ""
 
 
-def _match_and_pair(graph: tf.Graph, towers, device, process_group, candidates, analysis) -> Plan:
+def _match_and_pair(graph: tf.Graph, towers, device, processes: bool, candidates, analysis) -> Plan:
     """Candidates → towers → layers paired across towers; a Plan without the options' checks."""
     skipped = [(c.name, c.skip_reason) for c in candidates if c.skip_reason]
     live = [c for c in candidates if not c.skip_reason]
@@ -206,11 +189,11 @@ def _match_and_pair(graph: tf.Graph, towers, device, process_group, candidates, 
     hiding = hiding + statistics
     found_towers, found_by, left_out = _towers(graph, candidates, live, hiding + unfused, towers)
     # Between-graph replication with no towers: one replica per worker graph, the whole graph.
-    whole_graph = find_towers([], [ROOT]) if not found_towers and process_group is not None else None
+    whole_graph = find_towers([], [ROOT]) if not found_towers and processes else None
     in_towers = whole_graph or [t for t in found_towers if explicit or t.prefix != ROOT]
     calls = [op for op in hiding + unfused if op.type in hidden.CALL_TYPES and tower_of(op.name, in_towers) is not None]
     _reject_hidden([op for op in hiding if op not in calls], in_towers)
-    if len(in_towers) > 1 or process_group is not None:
+    if len(in_towers) > 1 or processes:
         if calls:   # planned once inlined (splice/inline.py)
             return Plan(tuple(found_towers), device or "", (), tuple(skipped), found_by=found_by, calls=tuple(calls))
     if not live:
@@ -226,7 +209,7 @@ def _match_and_pair(graph: tf.Graph, towers, device, process_group, candidates, 
 
     by_layer = _pair(live, found_towers, left_out, skipped)
     found_towers = _drop_unpaired_root(found_towers, by_layer, explicit)
-    if len(found_towers) < 2 and process_group is None:
+    if len(found_towers) < 2 and not processes:
         for cands in by_layer.values():
             skipped.extend((c.name, "single tower: nothing to synchronize with") for c in cands.values())
         return Plan(tuple(found_towers), device or "", (), tuple(skipped), found_by=found_by)

@@ -136,12 +136,12 @@ def refuse(rows) -> None:
             "or compute it outside the towers")
 
 
-def check_rewritten(graph: tf.Graph, plan, covered: dict, version: int) -> None:
+def check_rewritten(graph: tf.Graph, plan, covered: dict, version: int, processes: bool = False) -> None:
     """After the splice: the analysis again, on the result; a batch statistic still computed per
     tower (not replaced by the rewrite, not made by it since the graph's `version`) is an error
-    naming the op."""
+    naming the op. `processes`: the towers' peers include other worker processes' (Plan.across_processes)."""
     made = frozenset(tf_private.ops_added_since(graph, version))
-    rows, _ = verdicts(graph, plan.towers, False, covered, skip=made, processes=plan.process_group is not None)
+    rows, _ = verdicts(graph, plan.towers, False, covered, skip=made, processes=processes)
     refused = [r for r in rows if r.verdict is Verdict.REFUSED]
     if refused:
         raise GraphsyncError(f"internal: {refused[0].op} ({refused[0].type}) still computes a batch statistic per "

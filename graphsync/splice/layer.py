@@ -19,6 +19,7 @@ from graphsync.graph.reroute import reroute_consumers, reroute_control_outputs
 from graphsync.graph.fast_ops import FastOps
 from graphsync.graph.tf_private import pristine_scope, set_attr, update_input
 from graphsync.plan.data import LayerPlan, Site
+from graphsync.plan.options import Recompute
 from graphsync.splice import fused_kernels as fused
 from graphsync.splice import marks
 from graphsync.splice import recompute as recomputation
@@ -43,10 +44,10 @@ class Spliced:
 
 
 @marks.made_for_layer
-def splice_layer(graph: tf.Graph, layer: LayerPlan, exchange, recompute: str = "") -> Spliced:
+def splice_layer(graph: tf.Graph, layer: LayerPlan, exchange, recompute: Recompute = Recompute.OFF) -> Spliced:
     """Synchronizes one layer through `exchange` (see graphsync.exchange); returns what it made.
-    With recompute "layers", the backward that exists reads the normalized output and the
-    elementwise ops after it recomputed (graphsync/splice/recompute.py); with "segments", what a
+    With Recompute.LAYERS, the backward that exists reads the normalized output and the
+    elementwise ops after it recomputed (graphsync/splice/recompute.py); with SEGMENTS, what a
     segment starting at this layer would recompute from is returned (graphsync/splice/segments.py)."""
     count = Spliced()
     if layer.form.in_branches:
@@ -78,7 +79,7 @@ def splice_layer(graph: tf.Graph, layer: LayerPlan, exchange, recompute: str = "
                  for site, s in zip(layer.sites, statistics)]
         for k in range(len(layer.sites[0].grad_ops)):
             _moments_backward(graph, layer, exchange, statistics, k, count)
-    if recompute == "segments":
+    if recompute is Recompute.SEGMENTS:
         count.segments = [(_trigger(tower_roots, s, layer.has_gradients), tower_roots, layer.has_gradients)
                           for tower_roots, s in zip(roots, statistics)]
     elif recompute and layer.has_gradients:

@@ -33,7 +33,7 @@ def shared_writes(plan) -> list:
     """[(layer name, task, write op, the layer's device here)] for each write of a planned layer's
     moving average whose variable lives on one of the step's shared tasks (plan.ps_tasks). Found
     before the splice: it moves the statistics' readers."""
-    if plan.process_group is None or not plan.ps_tasks:
+    if not plan.across_processes or not plan.ps_tasks:
         return []
     found = []
     for layer in plan.layers:

@@ -27,6 +27,7 @@ import tensorflow as tf
 from graphsync.errors import GraphsyncError
 from graphsync.graph import order
 from graphsync.match.layer_form import LayerForm
+from graphsync.plan.options import RewriteOptions
 from graphsync.plan.planner import make_plan
 from graphsync.splice import marks
 from graphsync.towers.scopes import Tower, tower_of
@@ -94,7 +95,7 @@ def _per_tower(graph: tf.Graph, tower_option, notes: list) -> list[LayerStatisti
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            plan = make_plan(graph, tower_option, refuse=False)
+            plan = make_plan(graph, RewriteOptions(towers=tower_option), refuse=False)
     except GraphsyncError as exc:
         notes.append(f"layers left per tower not looked for: {exc}")
         return []

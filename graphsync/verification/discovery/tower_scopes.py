@@ -6,6 +6,7 @@ import tensorflow as tf
 from graphsync.errors import GraphsyncError
 from graphsync.graph import marks
 from graphsync.graph.marks import Mark
+from graphsync.plan.options import RewriteOptions
 from graphsync.plan.planner import make_plan
 from graphsync.towers.scopes import ROOT, Tower, find_towers, tower_of
 
@@ -14,7 +15,7 @@ def find(graph: tf.Graph, towers) -> list[Tower]:
     """The rewrite's towers (or those --towers names); at least two."""
     found = []
     try:
-        found = make_plan(graph, towers).towers
+        found = make_plan(graph, RewriteOptions(towers=towers)).towers
     except GraphsyncError:
         pass
     if len(found) < 2:

@@ -28,7 +28,8 @@ from graphsync.batch_axis.reductions import REDUCTION_TYPES
 from graphsync.errors import GraphsyncError
 from graphsync.match.hidden import is_inlined
 from graphsync.graph.backward import is_backward
-from graphsync.graph.walks import forward_readers, reads_variable
+from graphsync.graph.backward import forward_readers
+from graphsync.graph.walks import reads_variable
 
 REDUCING = REDUCTION_TYPES | ORDER_TYPES
 

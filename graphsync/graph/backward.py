@@ -34,6 +34,7 @@ import numpy as np
 import tensorflow as tf
 
 from graphsync.graph import by_type, marks, tf_private
+from graphsync.graph.walks import ancestors as _ancestors, descendants as _descendants
 from graphsync.graph.op_types import FUSED_BATCH_NORM_TYPES, SHAPE_TYPES
 
 _KERNEL_SUFFIXES = ("Grad", "GradV2", "GradV3", "GradGrad")
@@ -198,25 +199,17 @@ def _all_ones(const: tf.Operation) -> bool:
     return value.size > 0 and bool(np.all(value == 1))
 
 
-def _ancestors(ops, beyond=frozenset()) -> set:
-    """`ops` and every op they read data from, not reading on past the ops in `beyond`."""
-    found, stack = set(ops), [op for op in ops if op not in beyond]
-    while stack:
-        for t in stack.pop().inputs:
-            if t.op not in found:
-                found.add(t.op)
-                if t.op not in beyond:
-                    stack.append(t.op)
-    return found
-
-
-def _descendants(ops) -> set:
-    """`ops` and every op that reads data from them."""
-    found, stack = set(ops), list(ops)
-    while stack:
+def forward_readers(op: tf.Operation, enter, budget: int = 400):
+    """Each forward op downstream of `op`, once (gradient ops left out), walked on past those for
+    which `enter(reader)` holds; at most `budget` of them."""
+    seen, stack = {op}, [op]
+    while stack and budget > 0:
         for t in stack.pop().outputs:
-            for consumer in t.consumers():
-                if consumer not in found:
-                    found.add(consumer)
-                    stack.append(consumer)
-    return found
+            for reader in t.consumers():
+                if reader in seen or is_backward(reader):
+                    continue
+                seen.add(reader)
+                budget -= 1
+                yield reader
+                if enter(reader):
+                    stack.append(reader)

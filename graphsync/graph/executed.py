@@ -8,16 +8,10 @@ from collections.abc import Iterable
 
 import tensorflow as tf
 
+from graphsync.graph import walks
+
 
 def executed(ops: Iterable[tf.Operation], fed: set) -> set:
     """`ops` and every op they depend on through data and control edges, not past a tensor whose
     name is in `fed`."""
-    seen, stack = set(), list(ops)
-    while stack:
-        op = stack.pop()
-        if op in seen:
-            continue
-        seen.add(op)
-        stack.extend(t.op for t in op.inputs if t.name not in fed)
-        stack.extend(op.control_inputs)
-    return seen
+    return set(walks.reach(ops, lambda op: [t.op for t in op.inputs if t.name not in fed] + list(op.control_inputs)))

@@ -51,14 +51,15 @@ def in_forward_order(items: Iterable, op_of) -> list:
 def sort_names(graph: tf.Graph, names: Iterable[str], op_name=lambda name: name) -> list[str]:
     """`names` in forward order of the ops `op_name(name)` names; those that name no op last, by name."""
     names = sorted(names)
-    known = [n for n in names if _has_op(graph, op_name(n))]
+    known = [n for n in names if exists(graph.get_operation_by_name, op_name(n))]
     return (in_forward_order(known, lambda n: graph.get_operation_by_name(op_name(n)))
             + [n for n in names if n not in set(known)])
 
 
-def _has_op(graph: tf.Graph, name: str) -> bool:
+def exists(lookup, name: str) -> bool:
+    """Whether `lookup(name)` (a graph's get_operation_by_name or get_tensor_by_name) finds it."""
     try:
-        graph.get_operation_by_name(name)
+        lookup(name)
         return True
     except (KeyError, ValueError):
         return False

@@ -1,32 +1,15 @@
 """Walks over a graph's edges that every stage takes, kept here so that no stage borrows another's:
-the forward readers downstream of an op (the batch axis's verdicts and unfollowed reductions, the
-plan's tower-dependent reductions), whether an op takes one of the model's variables in, and every
-op downstream of some (function bodies' outputs, the splice's recomputed regions). The ancestors
-of what a run executes are graphsync/graph/executed.py's."""
+every op upstream or downstream of some (the backward's seeds and its extent, function bodies'
+outputs, the splice's recomputed regions, the ops a shared task connects), and whether an op takes
+one of the model's variables in. The forward readers of an op (the walk that stops at the backward)
+are graphsync/graph/backward.py's; the ancestors of what a run executes, graphsync/graph/executed.py's."""
 from __future__ import annotations
 
 import tensorflow as tf
 
 from graphsync.graph import tf_private
-from graphsync.graph.backward import is_backward
 
 _VARIABLES = frozenset({"VariableV2", "Variable", "VarHandleOp", "ReadVariableOp", "ResourceGather"})
-
-
-def forward_readers(op: tf.Operation, enter, budget: int = 400):
-    """Each forward op downstream of `op`, once (gradient ops left out), walked on past those for
-    which `enter(reader)` holds; at most `budget` of them."""
-    seen, stack = {op}, [op]
-    while stack and budget > 0:
-        for t in stack.pop().outputs:
-            for reader in t.consumers():
-                if reader in seen or is_backward(reader):
-                    continue
-                seen.add(reader)
-                budget -= 1
-                yield reader
-                if enter(reader):
-                    stack.append(reader)
 
 
 def reads_variable(op: tf.Operation, depth: int = 3) -> bool:
@@ -53,3 +36,45 @@ def descendants(ops, control: bool = False) -> set:
                 seen.add(nxt)
                 stack.append(nxt)
     return seen
+
+
+def ancestors(ops, beyond=frozenset()) -> set:
+    """`ops` and every op they read data from, not reading on past the ops in `beyond`."""
+    found, stack = set(ops), [op for op in ops if op not in beyond]
+    while stack:
+        for t in stack.pop().inputs:
+            if t.op not in found:
+                found.add(t.op)
+                if t.op not in beyond:
+                    stack.append(t.op)
+    return found
+
+
+def reach(ops, edges) -> list:
+    """`ops` and every op `edges(op)` leads to, on and on, each once, in the order the walk meets them."""
+    seen, found, stack = set(), [], list(ops)
+    while stack:
+        op = stack.pop()
+        if op not in seen:
+            seen.add(op)
+            found.append(op)
+            stack.extend(edges(op))
+    return found
+
+
+def connected(ops) -> list:
+    """`ops` and every op upstream and downstream of them (data and control edges), each once, in
+    the order the walks meet them (upstream first)."""
+    found = {}
+    for edges in (_inputs_and_control, _readers_and_control):
+        for op in reach(ops, edges):
+            found.setdefault(op, None)
+    return list(found)
+
+
+def _inputs_and_control(op):
+    return [t.op for t in op.inputs] + list(op.control_inputs)
+
+
+def _readers_and_control(op):
+    return [c for t in op.outputs for c in t.consumers()] + tf_private.control_outputs(op)

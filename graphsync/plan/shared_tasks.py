@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from graphsync.graph import tf_private
+from graphsync.graph import walks
 from graphsync.errors import GraphsyncError
 
 
@@ -34,7 +34,7 @@ def shared_tasks(ops: list) -> tuple:
     GraphsyncError when one of them is a training task."""
     own = {_task(op.device) for op in ops}
     foreign = {}
-    for op in _with_resources(_connected(ops)):
+    for op in _with_resources(walks.connected(ops)):
         task = _task(op.device)
         if task[0] is not None and task not in own:
             foreign.setdefault(task, op)
@@ -56,36 +56,10 @@ def task_of(device: str) -> str | None:
     return None if task[0] is None else _name(task)
 
 
-def _connected(ops: list) -> list:
-    """`ops`, their ancestors and their descendants (data and control edges)."""
-    seen, found = set(), []
-    for direction in (_inputs_of, _outputs_of):
-        stack = list(ops)
-        visited = set()
-        while stack:
-            op = stack.pop()
-            if op in visited:
-                continue
-            visited.add(op)
-            if op not in seen:
-                seen.add(op)
-                found.append(op)
-            stack.extend(direction(op))
-    return found
-
-
 def _with_resources(ops: list) -> list:
     """`ops` and the ops making the resources they use: an op on a resource runs where the
     resource lives (a resource variable's AssignAdd by a worker runs on the ps)."""
     return ops + [t.op for op in ops for t in op.inputs if t.dtype == tf.resource]
-
-
-def _inputs_of(op):
-    return [t.op for t in op.inputs] + list(op.control_inputs)
-
-
-def _outputs_of(op):
-    return [c for t in op.outputs for c in t.consumers()] + tf_private.control_outputs(op)
 
 
 def _task(device: str) -> tuple:

@@ -26,7 +26,7 @@ import tensorflow as tf
 
 from graphsync import batch_axis
 from graphsync.graph.backward import is_backward
-from graphsync.graph.walks import forward_readers
+from graphsync.graph.backward import forward_readers
 
 _SIZES = frozenset({"Shape", "ShapeN", "Size"})
 _INDEXING = frozenset({"StridedSlice", "GatherV2", "Gather"})

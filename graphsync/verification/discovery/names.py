@@ -6,6 +6,7 @@ import re
 import tensorflow as tf
 
 from graphsync.errors import GraphsyncError
+from graphsync.graph import order
 from graphsync.towers.scopes import Tower, tower_of
 
 
@@ -18,11 +19,7 @@ def tensor(graph: tf.Graph, name: str) -> tf.Tensor:
 
 
 def has_tensor(graph: tf.Graph, name: str) -> bool:
-    try:
-        graph.get_tensor_by_name(name)
-        return True
-    except (KeyError, ValueError):
-        return False
+    return order.exists(graph.get_tensor_by_name, name)
 
 
 def relative(name: str, towers: list[Tower]) -> tuple[Tower | None, str]:

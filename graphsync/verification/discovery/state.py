@@ -8,6 +8,7 @@ import re
 import tensorflow as tf
 
 from graphsync.errors import GraphsyncError
+from graphsync.graph import walks
 from graphsync.graph.op_types import WRITE_TYPES
 
 VARIABLE_TYPES = ("VarHandleOp", "VariableV2", "Variable")
@@ -67,12 +68,4 @@ def variables(graph: tf.Graph) -> list[Variable]:
 
 def downstream(graph: tf.Graph, fed: set) -> set:
     """Ops whose value depends on a fed tensor."""
-    stack = [c for name in fed for c in graph.get_tensor_by_name(name).consumers()]
-    seen = set()
-    while stack:
-        op = stack.pop()
-        if op in seen:
-            continue
-        seen.add(op)
-        stack.extend(c for t in op.outputs for c in t.consumers())
-    return seen
+    return walks.descendants([c for name in fed for c in graph.get_tensor_by_name(name).consumers()])

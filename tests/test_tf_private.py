@@ -101,6 +101,10 @@ def test_create_op_through_the_c_api_builds_what_graph_create_op_builds():
             chosen = tf_private.create_op(graph, "Identity", [x], {"T": attrs["T"]}, "chosen")
     assert (lean.name, again.name, lean.device) == ("graphsync/layer/cat", "graphsync/layer/cat_1", public.device)
     assert lean.node_def.attr == public.node_def.attr and lean.node_def.input == public.node_def.input
+    # the inputs it keeps on the op are the ones TensorFlow reads back from the C graph, in order
+    looked_up = tuple(graph._get_tensor_by_tf_output(i) for i in tf_private._c_api.GetOperationInputs(lean._c_op))
+    assert all(a is b for a, b in zip(lean.inputs, looked_up, strict=True))
+    assert all(a is b for a, b in zip(lean.inputs, [x, x, axis], strict=True))
     assert lean.outputs[0].shape == public.outputs[0].shape == (2, 6) and graph.get_operation_by_name(lean.name) is lean
     assert [op.name for op in waits.control_inputs] == ["guard"]
     assert beside.colocation_groups() == [b"loc:@" + x.op.name.encode()] and chosen.device == "/cpu:2"   # the function chose it

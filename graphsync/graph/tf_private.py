@@ -273,11 +273,14 @@ def create_op(graph: tf.Graph, op_type: str, inputs: list, attrs: dict, name: st
             description = _c_api.TF_NewOperation(c_graph, op_type, name)
         if device:
             _c_api.TF_SetDevice(description, device)
+        flat = []   # the op's inputs in the C API's order: what Operation.inputs would look up again
         for group in _tf_ops._reconstruct_sequence_inputs(op_def, inputs, attrs):
             if isinstance(group, (list, tuple)):
                 _c_api.TF_AddInputList(description, [t._as_tf_output() for t in group])
+                flat.extend(group)
             else:
                 _c_api.TF_AddInput(description, group._as_tf_output())
+                flat.append(group)
         for key, value in attrs.items():
             _c_api.TF_SetAttrValueProto(description, key, value.SerializeToString())
         for key, value in graph._attr_scope_map.items():   # `marked`: what Graph.create_op would add
@@ -288,6 +291,7 @@ def create_op(graph: tf.Graph, op_type: str, inputs: list, attrs: dict, name: st
         except tf.errors.InvalidArgumentError as e:
             raise ValueError(e.message) from None   # what Graph.create_op raises
         op = tf.Operation._from_c_op(c_op, graph)
+        op._inputs_val = tuple(flat)   # every later stage reads them: one C lookup per input saved
         op._gradient_function = graph._gradient_function_map.get(op_type)
         graph._record_op_seen_by_control_dependencies(op)
     return op

@@ -15,6 +15,7 @@ import graphsync
 import models
 import towerlib as tl
 from graphsync.graph import marks
+from graphsync.graph.backward import is_backward
 from graphsync.verification import trace
 
 pytestmark = pytest.mark.plumbing   # tiers.py: builds graphs, runs none
@@ -48,6 +49,13 @@ def test_marks_say_what_the_names_say_and_survive_a_saved_graph(strategy, gradie
     if gradients == "after":   # no tf.gradients call after the rewrite: every such op is the splice's
         assert all(marks.made_by_graphsync(op) for op in ops
                    if "_sync" in op.name or re.match(r"graphsync/(?!constants/)", op.name))
+    # every op made for a layer says which pass of the step it is for (an exchange's: its
+    # direction), and no op marked forward is one the gradient's seed reaches (graph/backward.py)
+    made = [op for op in ops if marks.made_by_graphsync(op)]
+    passes = {op.name: marks.pass_of(op) for op in made}
+    assert None not in passes.values() and set(passes.values()) == set(marks.Direction), passes
+    assert all(passes[name].value == direction for name, (_, direction) in named.items())
+    assert not [op.name for op in made if passes[op.name] is marks.Direction.FORWARD and is_backward(op)]
 
     exported = tf1.train.export_meta_graph(graph=built.graph)
     imported = tf.Graph()

@@ -22,6 +22,8 @@ string. Importing this imports no TensorFlow (`graphsync run` imports it before 
     the exchange (graphsync/exchange/): on every op that carries a layer's statistics across towers
         LAYER             the layer (LayerPlan.name): on the splice's other ops too (graphsync/splice/)
         DIRECTION         "forward" (the statistics) or "backward" (their gradients' sums)
+        PASS              on every op the splice makes for a layer, exchanges included: "forward" or
+                          "backward", the pass of the step it is for (a recomputed copy of one: forward)
         AGGREGATION       an op of a sync group's merge on its aggregation device (strategy gather):
                           verify counts the bytes that cross to and from it
     the splice's other edits
@@ -61,6 +63,7 @@ class Mark(enum.Enum):
     GATE = "_graphsync_gate"
     LAYER = "_graphsync_layer"
     DIRECTION = "_graphsync_direction"
+    PASS = "_graphsync_pass"
     AGGREGATION = "_graphsync_aggregation"
     FORM = "_graphsync_form"
     STATISTICS = "_graphsync_statistics"
@@ -83,7 +86,8 @@ EXCHANGE_MARKS = (Mark.LAYER, Mark.DIRECTION, Mark.AGGREGATION)
 
 
 class Direction(enum.Enum):
-    """Which way an exchange carries a layer's numbers (`Mark.DIRECTION`)."""
+    """Which way an exchange carries a layer's numbers (`Mark.DIRECTION`), and which pass of the
+    step an op the splice made is for (`Mark.PASS`)."""
 
     FORWARD = "forward"     # the statistics, to every tower
     BACKWARD = "backward"   # the sums of the towers' gradients at them
@@ -126,6 +130,11 @@ def exchanged(op) -> "tuple[str, Direction] | None":
     if not has(op, Mark.DIRECTION):
         return None
     return text(op, Mark.LAYER), Direction(text(op, Mark.DIRECTION))
+
+
+def pass_of(op) -> "Direction | None":
+    """The pass (forward or backward) graphsync's splice made `op` for; None for every other op."""
+    return Direction(text(op, Mark.PASS)) if has(op, Mark.PASS) else None
 
 
 def made_by_graphsync(op) -> bool:

@@ -164,6 +164,7 @@ def _update_kept_averages(op: tf.Operation, new_mean: tf.Tensor, new_variance: t
     return moved
 
 
+@marks.made_for_backward
 def _fused_backward(graph, layer: LayerPlan, exchange, statistics, scales, k: int, count: Spliced):
     """Replaces the k-th FusedBatchNormGrad of every tower by the synchronized backward; γ is read
     from `scales` (the forward's reads, see fused.forward_read), never again from its variable."""
@@ -247,6 +248,7 @@ def _moments_forward(graph, layer: LayerPlan, site: Site, s: Synchronized, count
     return [mean, variance]
 
 
+@marks.made_for_backward
 def _moments_backward(graph, layer: LayerPlan, exchange, statistics, k: int, count: Spliced):
     """The gradients arriving at every tower's mean (and variance) are summed across towers, both
     in one exchange; each tower's Mean gradient then receives n_t/N of the sum, so it hands

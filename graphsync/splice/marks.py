@@ -48,13 +48,27 @@ def is_mark(op: tf.Operation) -> bool:
 
 
 def made_for_layer(splice):
-    """Decorates splice(graph, layer, …): every op it makes carries `Mark.LAYER` (the exchange's
-    add their direction, graphsync/exchange/marking.py)."""
+    """Decorates splice(graph, layer, …): every op it makes carries `Mark.LAYER` and `Mark.PASS`,
+    forward unless made inside a `made_for_backward` function (the exchange's add their
+    direction, graphsync/exchange/marking.py)."""
     @functools.wraps(splice)
     def marking_splice(graph: tf.Graph, layer, *args, **kwargs):
-        with marked(graph, {Mark.LAYER.value: marks.value(layer.name)}):
+        with marked(graph, {Mark.LAYER.value: marks.value(layer.name), Mark.PASS.value: _FORWARD}):
             return splice(graph, layer, *args, **kwargs)
     return marking_splice
+
+
+def made_for_backward(splice_backward):
+    """Decorates a splice's backward part, splice_backward(graph, layer, …): every op it makes
+    carries `Mark.PASS` "backward"."""
+    @functools.wraps(splice_backward)
+    def marking_backward(graph: tf.Graph, *args, **kwargs):
+        with marked(graph, {Mark.PASS.value: _BACKWARD}):
+            return splice_backward(graph, *args, **kwargs)
+    return marking_backward
+
+
+_FORWARD, _BACKWARD = (marks.value(d.value) for d in (marks.Direction.FORWARD, marks.Direction.BACKWARD))
 
 
 def read(op: tf.Operation) -> tuple[str, str, dict]:

@@ -76,6 +76,7 @@ def splice_reduction(graph: tf.Graph, layer: LayerPlan, exchange) -> Spliced:
     return count
 
 
+@marks.made_for_backward
 def _backward(graph, layer: LayerPlan, exchange, uploads, totals, k: int, mean: bool, count: Spliced):
     """The k-th gradient call: the gradients arriving at the towers' reductions summed over the
     towers, each tower's reduction gradient handed its share."""
@@ -118,13 +119,20 @@ def _splice_extremum(graph: tf.Graph, layer: LayerPlan, exchange) -> Spliced:
         count.edges += reroute_consumers(op.outputs[0], value)
         count.control_edges += reroute_control_outputs(op, [value.op])
     for k in range(len(layer.sites[0].grad_ops)):
-        grads = [site.grad_ops[k] for site in layer.sites]
-        summed = exchange.sums(graph, layer, layer.sites, [[g.entry] for g in grads], f"backward_{k}")
-        for site, g, (total,), tower_ties in zip(layer.sites, grads, summed, ties):
-            with pristine_scope(graph, site.device, f"{site.op.name}_sync_grad_{k}"):
-                shared = tf.identity(total, name="grad")
-                all_ties = tf.identity(tower_ties, name="ties")
-            count.edges += reroute_consumers(g.entry, shared, only=g.readers)
-            count.edges += reroute_consumers(g.ties, all_ties, only=g.ties_readers)
-            count.grads_replaced += 1
+        _extremum_backward(graph, layer, exchange, ties, k, count)
     return count
+
+
+@marks.made_for_backward
+def _extremum_backward(graph, layer: LayerPlan, exchange, ties, k: int, count: Spliced):
+    """The k-th gradient call of a Max or Min: the gradients arriving at the towers' extrema
+    summed, each tower's gradient function handed the sum and the ties of every tower."""
+    grads = [site.grad_ops[k] for site in layer.sites]
+    summed = exchange.sums(graph, layer, layer.sites, [[g.entry] for g in grads], f"backward_{k}")
+    for site, g, (total,), tower_ties in zip(layer.sites, grads, summed, ties):
+        with pristine_scope(graph, site.device, f"{site.op.name}_sync_grad_{k}"):
+            shared = tf.identity(total, name="grad")
+            all_ties = tf.identity(tower_ties, name="ties")
+        count.edges += reroute_consumers(g.entry, shared, only=g.readers)
+        count.edges += reroute_consumers(g.ties, all_ties, only=g.ties_readers)
+        count.grads_replaced += 1

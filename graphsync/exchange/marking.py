@@ -23,8 +23,7 @@ def exchange(graph, layer: str, tag: str, aggregation: bool = False):
     direction = Direction.of_tag(tag)
     if direction is None:
         return contextlib.nullcontext()
-    attrs = {Mark.LAYER.value: marks.value(layer), Mark.DIRECTION.value: marks.value(direction.value),
-             Mark.PASS.value: marks.value(direction.value)}
+    attrs = {Mark.LAYER.value: marks.value(layer), Mark.DIRECTION.value: marks.value(direction.value)}
     if aggregation:
         attrs[Mark.AGGREGATION.value] = marks.value(True)
     return marked(graph, attrs)

@@ -22,8 +22,9 @@ string. Importing this imports no TensorFlow (`graphsync run` imports it before 
     the exchange (graphsync/exchange/): on every op that carries a layer's statistics across towers
         LAYER             the layer (LayerPlan.name): on the splice's other ops too (graphsync/splice/)
         DIRECTION         "forward" (the statistics) or "backward" (their gradients' sums)
-        PASS              on every op the splice makes for a layer, exchanges included: "forward" or
-                          "backward", the pass of the step it is for (a recomputed copy of one: forward)
+        PASS              on every op the splice makes for a layer: "forward" or "backward", the pass
+                          of the step it is for (a recomputed copy of one: forward; an exchange's
+                          made later, by a gradient function, says it by DIRECTION alone: pass_of)
         AGGREGATION       an op of a sync group's merge on its aggregation device (strategy gather):
                           verify counts the bytes that cross to and from it
     the splice's other edits
@@ -133,8 +134,12 @@ def exchanged(op) -> "tuple[str, Direction] | None":
 
 
 def pass_of(op) -> "Direction | None":
-    """The pass (forward or backward) graphsync's splice made `op` for; None for every other op."""
-    return Direction(text(op, Mark.PASS)) if has(op, Mark.PASS) else None
+    """The pass (forward or backward) graphsync made `op` for: its PASS, or an exchange's direction
+    (a gradient's sum built by tf.gradients after the rewrite has no PASS); None for every other op."""
+    for mark in (Mark.PASS, Mark.DIRECTION):
+        if has(op, mark):
+            return Direction(text(op, mark))
+    return None
 
 
 def made_by_graphsync(op) -> bool:

@@ -25,6 +25,7 @@ from graphsync.graph.marks import Mark
 from graphsync.graph.tf_private import create_op, marked, pristine_scope
 
 MARK = "statistics_read"
+_FORWARD, _BACKWARD = (marks.value(d.value) for d in (marks.Direction.FORWARD, marks.Direction.BACKWARD))
 
 
 def mark(graph: tf.Graph, layer, site, **statistics: tf.Tensor) -> tf.Operation:
@@ -66,9 +67,6 @@ def made_for_backward(splice_backward):
         with marked(graph, {Mark.PASS.value: _BACKWARD}):
             return splice_backward(graph, *args, **kwargs)
     return marking_backward
-
-
-_FORWARD, _BACKWARD = (marks.value(d.value) for d in (marks.Direction.FORWARD, marks.Direction.BACKWARD))
 
 
 def read(op: tf.Operation) -> tuple[str, str, dict]:

@@ -41,7 +41,9 @@ class FastOps:
                     self.graph.name_scope("graphsync/constants/") if shared else contextlib.nullcontext(), \
                     tf_private.marked(self.graph, dict.fromkeys(m.value for m in EXCHANGE_MARKS)) if shared \
                     else contextlib.nullcontext():
-                self._constants[key] = tf.constant(value, dtype, shape=shape, name="constant")
+                proto = tf.make_tensor_proto(value, dtype, shape, allow_broadcast=True)   # as tf.constant
+                self._constants[key] = self._op("Const", [], "constant", value=attr_value_pb2.AttrValue(tensor=proto),
+                                                dtype=_type(dtype))[0]
         return self._constants[key]
 
     def _device(self) -> str:

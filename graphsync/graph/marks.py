@@ -77,9 +77,12 @@ class Mark(enum.Enum):
         return cls[name.upper()]
 
 
-# what a recomputed copy must not inherit from the op it copies: its own triggers are not the copy's
+# the triggers of a layer's recompute, rewritten before its gradients (graphsync/splice/recompute.py)
 TRIGGERS = (Mark.RECOMPUTE_ROOTS, Mark.SEGMENT_ROOTS, Mark.SEGMENT_LATER, Mark.SEGMENT_MEMBERS,
             Mark.SEGMENT_REACHED)
+# what a recomputed copy must not inherit from the op it copies: its triggers, and the mark of the
+# statistics a tower reads (a fused layer's normalization carries it; each tower reads them once)
+NOT_COPIED = TRIGGERS + (Mark.STATISTICS, Mark.FORM, Mark.NORMALIZATION, Mark.FOUND_AS)
 
 
 # what an op of one layer's exchange carries (graphsync/exchange/marking.py)

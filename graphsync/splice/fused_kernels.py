@@ -81,10 +81,12 @@ def kernel_moments(graph, op: tf.Operation, ops):
     return size.outputs[0], kernel.outputs[1], kernel.outputs[2], residual
 
 
-def normalize(graph, x, scale, offset, mean, variance, epsilon, data_format, gradient=NORMALIZE_GRADIENT):
-    """(x − μ)·γ/√(σ² + ε) + β in x's dtype, differentiated by the gradient registered as `gradient`."""
+def normalize(graph, x, scale, offset, mean, variance, epsilon, data_format, gradient=NORMALIZE_GRADIENT,
+              marks: dict | None = None):
+    """(x − μ)·γ/√(σ² + ε) + β in x's dtype, differentiated by the gradient registered as `gradient`;
+    `marks`: more attributes for the op (graphsync/splice/marks.py)."""
     return create_op(graph, "FusedBatchNormV3", [x, scale, offset, mean, variance],
-                     _attrs(x, epsilon, data_format, False, gradient), "y").outputs[0]
+                     {**_attrs(x, epsilon, data_format, False, gradient), **(marks or {})}, "y").outputs[0]
 
 
 def grad_sums(dy, x, scale, mean, variance, epsilon, data_format):

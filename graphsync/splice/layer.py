@@ -132,8 +132,8 @@ def _fused_forward(graph, layer: LayerPlan, site: Site, s: Synchronized, scale, 
     with pristine_scope(graph, site.device, op.name + "_sync"):
         y = fused.normalize(graph, op.inputs[0], scale, op.inputs[2], s.mean, s.variance,
                             layer.epsilon, _data_format(op),
-                            fused.NORMALIZE_GRADIENT if layer.has_gradients else SYNCHRONIZED_NORMALIZE_GRADIENT)
-        marks.mark(graph, layer, site, mean=s.mean, variance=s.variance)
+                            fused.NORMALIZE_GRADIENT if layer.has_gradients else SYNCHRONIZED_NORMALIZE_GRADIENT,
+                            marks=marks.attributes(layer, {"mean": 3, "variance": 4}))
         batch_mean, batch_variance = s.mean, s.bessel
         if layer.avg_factor != 1.0:
             f = layer.avg_factor

@@ -3,12 +3,15 @@
 verify judges a rewritten graph layer by layer, by the statistics each layer normalizes with
 (graphsync/verification/discovery/layer_statistics.py). In a saved graph nothing else says which
 tensors those are: what the exchange hands a tower differs by strategy, form and transport. So the
-splice leaves one `IdentityN` per layer and tower, `<op>_sync/statistics_read`, whose inputs are
-exactly what the tower's readers now read (μ and σ² of a fused or moments layer, a reduction's
-value). Nothing reads the mark: no step runs it (TensorFlow runs only what a fetch reaches), and
-no gradient passes through it. Its attributes name the layer, its form, each input, and the
-normalization the layer is part of with how it was found (a batch norm written by hand is several
-reduction layers: graphsync/plan/normalizations.py; `normalization_of`).
+splice marks, per layer and tower, an op whose inputs are exactly what the tower's readers now read
+(μ and σ² of a fused or moments layer, a reduction's value): a fused layer's normalization, which
+reads μ and σ² itself, carries the mark (`attributes`, given when it is made: no op more); other
+forms get one unread `IdentityN`, `<op>_sync/statistics_read` (`mark`), that no step runs
+(TensorFlow runs only what a fetch reaches) and no gradient passes through. The attributes name the
+layer, its form, each statistic with the input that holds it, and the normalization the layer is
+part of with how it was found (a batch norm written by hand is several reduction layers:
+graphsync/plan/normalizations.py; `normalization_of`). A recomputed copy of a marked op does not
+carry the mark (graphsync/splice/recompute.py): each tower reads its statistics once.
 
 Every other op the splice makes for a layer carries the layer's name too (`made_for_layer`): verify
 leaves graphsync's own batch-norm ops out of the towers' by that mark, not by their `_sync` names.
@@ -28,24 +31,31 @@ MARK = "statistics_read"
 _FORWARD, _BACKWARD = (marks.value(d.value) for d in (marks.Direction.FORWARD, marks.Direction.BACKWARD))
 
 
+def attributes(layer, statistics: dict) -> dict:
+    """The mark's attributes (attribute name → AttrValue) for an op that reads the statistics of
+    tower `site` of `layer` (a LayerPlan): `statistics` maps what each is ("mean", "variance",
+    "sum", …) to the index of the input that holds it."""
+    return {Mark.LAYER.value: marks.value(layer.name),
+            Mark.FORM.value: marks.value(layer.shown_kind.value),
+            Mark.STATISTICS.value: marks.value(",".join(f"{what}:{i}" for what, i in statistics.items())),
+            # the normalization the layer is part of (plan/normalizations.py), and how it was found
+            Mark.NORMALIZATION.value: marks.value(layer.normalization or layer.name),
+            Mark.FOUND_AS.value: marks.value(layer.found_as or layer.shown_kind.value)}
+
+
 def mark(graph: tf.Graph, layer, site, **statistics: tf.Tensor) -> tf.Operation:
-    """Marks what tower `site` of `layer` (a LayerPlan) now reads: `statistics` maps what each
-    tensor is ("mean", "variance", "sum", …) to it."""
+    """Marks what tower `site` of `layer` now reads, by an `IdentityN` of the `statistics` (what
+    each is → the tensor), where no op the splice makes reads them all."""
     tensors = list(statistics.values())
     attrs = {"T": attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(
                  type=[t.dtype.as_datatype_enum for t in tensors])),
-             Mark.LAYER.value: marks.value(layer.name),
-             Mark.FORM.value: marks.value(layer.shown_kind.value),
-             Mark.STATISTICS.value: marks.value(",".join(statistics)),
-             # the normalization the layer is part of (plan/normalizations.py), and how it was found
-             Mark.NORMALIZATION.value: marks.value(layer.normalization or layer.name),
-             Mark.FOUND_AS.value: marks.value(layer.found_as or layer.shown_kind.value)}
+             **attributes(layer, {what: i for i, what in enumerate(statistics)})}
     with pristine_scope(graph, site.device, site.op.name + "_sync"):
         return create_op(graph, "IdentityN", tensors, attrs, MARK)
 
 
 def is_mark(op: tf.Operation) -> bool:
-    return op.type == "IdentityN" and marks.has(op, Mark.STATISTICS)
+    return marks.has(op, Mark.STATISTICS)
 
 
 def made_for_layer(splice):
@@ -70,9 +80,13 @@ def made_for_backward(splice_backward):
 
 
 def read(op: tf.Operation) -> tuple[str, str, dict]:
-    """(layer name, form, {what: tensor}) of a mark."""
-    names = marks.text(op, Mark.STATISTICS).split(",")
-    return marks.text(op, Mark.LAYER), marks.text(op, Mark.FORM), dict(zip(names, op.inputs))
+    """(layer name, form, {what: tensor}) of a mark (a statistic without an input index is the
+    input at its position: marks written before fused normalizations carried them)."""
+    statistics = {}
+    for position, entry in enumerate(marks.text(op, Mark.STATISTICS).split(",")):
+        what, _, index = entry.partition(":")
+        statistics[what] = op.inputs[int(index) if index else position]
+    return marks.text(op, Mark.LAYER), marks.text(op, Mark.FORM), statistics
 
 
 def normalization_of(op: tf.Operation) -> tuple[str, str]:

@@ -53,7 +53,7 @@ from graphsync.graph.walks import descendants
 
 ACTIVATIONS = frozenset({"Relu", "Relu6", "LeakyRelu", "Elu", "Sigmoid", "Tanh", "Identity"})
 AFFINE = frozenset({"Mul", "AddV2", "Add", "BiasAdd", "Sub", "RealDiv"})   # with a per-channel operand
-_TRIGGERS = {mark.value for mark in marks.TRIGGERS}   # what a copy must not inherit
+_NOT_COPIED = {mark.value for mark in marks.NOT_COPIED}
 _SHAPE_TYPES = frozenset(SHAPE_TYPES)
 # tf.gradients' scopes, and graphsync's synchronized backward (graphsync/splice/layer.py)
 _STATISTICS_DEPTH = 12   # ops between a synchronized statistic and the per-channel operand it becomes
@@ -136,7 +136,7 @@ def copy_ops(graph: tf.Graph, needed: list, wait: list, reads: list, suffix: str
     done, copies = Recomputed(), {}
     for op in needed:
         inputs = [copies.get(t.ref(), t) for t in op.inputs]
-        attrs = {k: v for k, v in op.node_def.attr.items() if k != "_class" and k not in _TRIGGERS}
+        attrs = {k: v for k, v in op.node_def.attr.items() if k != "_class" and k not in _NOT_COPIED}
         attrs[Mark.RECOMPUTED.value] = marks.value(True)
         with pristine_scope(graph, op.device, op.name + suffix), graph.control_dependencies(wait):
             copy = create_op(graph, op.type, inputs, attrs, op.type)

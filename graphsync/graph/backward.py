@@ -116,7 +116,7 @@ class _Backward:
     def _add_read_only_by_backward(self, added) -> None:
         """What a gradient function computes off the forward: ops only the backward reads, found
         from the inputs of the backward ops `added` (a fixpoint: such an op's inputs are next)."""
-        stack = [t.op for op in added for t in op.inputs if t.op not in self.ops]
+        stack = list(dict.fromkeys(t.op for op in added for t in op.inputs if t.op not in self.ops))
         while stack:
             op = stack.pop()
             if op not in self.ops and _read_only_by(op, self.ops):

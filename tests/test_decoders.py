@@ -110,11 +110,14 @@ OPTION_IDS = [f"{f}-{k}-{g}-{'-'.join(f'{a}={b}' for a, b in o.items())}" for f,
 # A defect found here, and older than the transposed convolution (41768ea has it, on plain
 # convolutions too): recompute="segments" over a batch norm written by hand, rewritten before the
 # gradients exist, equals one device but not the synchronized step bit for bit (1 ulp of one
-# moving statistic after 2 steps). Cause, traced: the same ops on the same inputs, fetched alone,
-# are bit-identical; in the training step, grappler's arithmetic optimizer re-associates the
-# gradient's product `(x̂ · rsqrt) · dy` once the recomputed `x̂ · rsqrt` has one reader (the
-# original has two), and with arithmetic_optimization, remapping or constant_folding off the two
-# steps are bit-identical. Strict: the day it is fixed, this mark must go.
+# moving statistic after 2 steps). Cause, traced in the partition graphs TensorFlow runs: it is the
+# *forward* that changes. y = ((x − μ)·r)·γ: without recompute, (x − μ)·r has two readers (the
+# forward's ·γ and γ's gradient); once γ's gradient reads the copy, it has one, and grappler's
+# arithmetic optimizer (MinimizeBroadcasts, which absorbs single-reader products) computes
+# (r·γ)·(x − μ) instead. A control edge from the forward product to its copy pins it only until
+# the dependency optimizer's transitive reduction drops that edge (the loss's gradient is a longer
+# path), after which the optimizer's second round re-associates; with dependency_optimization off
+# the forward stays as written. Strict: the day it is fixed, this mark must go.
 _SEGMENTS_BEFORE_BY_HAND = pytest.mark.xfail(
     strict=True, raises=AssertionError,
     reason="segments over a hand-written batch norm, gradients built after the rewrite: not bit for bit")

@@ -41,10 +41,8 @@ GRAPHSYNC_GRADIENTS = (LOCAL_MOMENTS_GRADIENT, "GraphsyncFusedNormalize", "Graph
 def gradient_type(op: tf.Operation) -> str | None:
     """The gradient an op was given by name (`_gradient_op_type`, how graphsync marks its own ops,
     in saved graphs too), or None."""
-    try:
-        return op.get_attr("_gradient_op_type").decode()
-    except ValueError:
-        return None
+    attrs = op.node_def.attr   # a tenth of get_attr's cost where the attribute is absent (its ValueError)
+    return attrs["_gradient_op_type"].s.decode() if "_gradient_op_type" in attrs else None
 
 
 def made_by_graphsync(op: tf.Operation) -> bool:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from graphsync.graph import by_type
+from graphsync.graph.backward import is_backward
 from graphsync.match.candidate import Candidate, MomentsParts
 from graphsync.match.layer_form import LayerForm
 from graphsync.match.reductions import MeanOf, batch_axis_reason, mean_of, normalizes, statistics_ops
@@ -32,7 +33,7 @@ STARTS = ("Mean", "Sum", "RealDiv", "Div", "DivNoNan", "Mul", "Sub")
 def candidates(graph: tf.Graph) -> list[Candidate]:
     found, seen = [], set()
     for op in by_type.ops_of_types(graph, STARTS):
-        if not op.outputs:
+        if not op.outputs or is_backward(op):   # a gradient's sums are no statistics of the forward
             continue
         parsed = parse_variance(op.outputs[0])
         if parsed is None or parsed[0].tensor.op in seen:

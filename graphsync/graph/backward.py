@@ -34,7 +34,7 @@ import numpy as np
 import tensorflow as tf
 
 from graphsync.graph import by_type, marks, tf_private
-from graphsync.graph.walks import ancestors as _ancestors, descendants as _descendants
+from graphsync.graph.walks import DataEdges, ancestors as _ancestors, descendants as _descendants
 from graphsync.graph.op_types import FUSED_BATCH_NORM_TYPES, SHAPE_TYPES
 
 _KERNEL_SUFFIXES = ("Grad", "GradV2", "GradV3", "GradGrad")
@@ -104,24 +104,25 @@ class _Backward:
 
     def __init__(self, graph: tf.Graph):
         self.version = graph.version
-        self.seeds = _seeds(graph)
-        self.ops = _descendants(self.seeds)
+        edges = DataEdges(graph)   # the walks below reach nearly every op
+        self.seeds = _seeds(graph, edges)
+        self.ops = _descendants(self.seeds, edges=edges)
         if self.ops:
-            self._add_read_only_by_backward(self.ops)
-            stacks = _popped_stacks(graph) - self.ops
+            self._add_read_only_by_backward(self.ops, edges)
+            stacks = _popped_stacks(graph, edges) - self.ops
             if stacks:
                 self.ops |= stacks
-                self._add_read_only_by_backward(stacks)
+                self._add_read_only_by_backward(stacks, edges)
 
-    def _add_read_only_by_backward(self, added) -> None:
+    def _add_read_only_by_backward(self, added, edges: DataEdges) -> None:
         """What a gradient function computes off the forward: ops only the backward reads, found
         from the inputs of the backward ops `added` (a fixpoint: such an op's inputs are next)."""
-        stack = list(dict.fromkeys(t.op for op in added for t in op.inputs if t.op not in self.ops))
+        stack = list(dict.fromkeys(i for op in added for i in edges.inputs_of(op) if i not in self.ops))
         while stack:
             op = stack.pop()
-            if op not in self.ops and _read_only_by(op, self.ops):
+            if op not in self.ops and _read_only_by(op, self.ops, edges.readers[op]):
                 self.ops.add(op)
-                stack.extend(t.op for t in op.inputs if t.op not in self.ops)
+                stack.extend(i for i in edges.inputs_of(op) if i not in self.ops)
 
     def extend(self, graph: tf.Graph) -> "_Backward":
         """The state with the ops added since: judged by their inputs, or all found anew when one of
@@ -135,7 +136,7 @@ class _Backward:
         return self
 
 
-def _seeds(graph: tf.Graph) -> list:
+def _seeds(graph: tf.Graph, edges: DataEdges) -> list:
     """The tensors of ones gradients start from (module docstring). The ops come grouped by type
     (graph/by_type.py: an op's type is a call into TensorFlow, and the matchers group them anyway)."""
     grouped = by_type.grouped(graph)
@@ -146,9 +147,9 @@ def _seeds(graph: tf.Graph) -> list:
         return []
     forward_reads = [t.op for k in kernels if k.type in _GRADIENT_INPUTS
                      for i, t in enumerate(k.inputs) if i not in _GRADIENT_INPUTS[k.type]]
-    forward = _ancestors([op for op in marks if _forward_mark(op)] + forward_reads)
+    forward = _ancestors([op for op in marks if _forward_mark(op)] + forward_reads, edges=edges)
     if kernels:   # what reaches the kernels other than through the forward (whose constants are no seed)
-        reaching_kernels = _ancestors(kernels, beyond=forward)
+        reaching_kernels = _ancestors(kernels, beyond=forward, edges=edges)
         candidates += [op for op in grouped.get("Const", ()) if op in reaching_kernels and _is_ones(op)]
     return [op for op in candidates if op not in forward]
 
@@ -161,25 +162,24 @@ def _forward_mark(op: tf.Operation) -> bool:
     return op.type in _FUSED and bool(op.get_attr("is_training"))
 
 
-def _popped_stacks(graph: tf.Graph) -> set:
+def _popped_stacks(graph: tf.Graph, edges: DataEdges) -> set:
     """A v1 while loop's gradient keeps the forward's values on a stack, pushed in the forward loop
     and popped in the backward's (even a value it then leaves unused): a stack something pops is
     the backward's, pushes included (read by nothing). Nothing else TensorFlow builds pops one."""
     found = set()
     for op in by_type.grouped(graph).get("StackV2", ()):
-        users = _descendants([op])
+        users = _descendants([op], edges=edges)
         if any(u.type == "StackPopV2" for u in users):
             found |= users
     return found
 
 
-def _read_only_by(op: tf.Operation, backward: set) -> bool:
+def _read_only_by(op: tf.Operation, backward: set, consumers: list) -> bool:
     """Whether only the backward reads `op`, beyond its shape: what a gradient function computes
     off the forward's tensors (a shape, a max's indicators). Its shape alone does not count: the
     loss, which the script fetches, is read by nothing but its gradient's `Shape`. Nor does a
     forward op graphsync copied to run late for the backward (graph/marks.py): it is forward
     arithmetic, and recompute must tell it from the gradients it waits for."""
-    consumers = [c for t in op.outputs for c in t.consumers()]
     return all(c in backward for c in consumers) and any(c.type not in _SHAPES for c in consumers) \
         and not marks.is_recomputed(op)   # last: reading an op's attributes is the dearest
 

@@ -24,13 +24,41 @@ def reads_variable(op: tf.Operation, depth: int = 3) -> bool:
     return any(o.type in _VARIABLES for o in frontier)
 
 
-def descendants(ops, control: bool = False) -> set:
+class DataEdges:
+    """Every op's data inputs and readers, as ops, in a graph as it is now: for walks over most of
+    a graph that does not change meanwhile (the backward's: graphsync/graph/backward.py).
+
+    Read in one pass over each op's readers: TensorFlow answers those about three times faster
+    than it builds an op's `inputs` (a Tensor per edge, each found by name), which such a walk
+    would otherwise build for nearly every op (0.26 s of a 32,000-op graph, against 0.10 s)."""
+
+    def __init__(self, graph: tf.Graph):
+        self.readers, self.inputs = {}, {}
+        for op in graph.get_operations():
+            readers = self.readers[op] = _reader_ops(op)
+            for reader in readers:
+                self.inputs.setdefault(reader, []).append(op)
+
+    def inputs_of(self, op: tf.Operation) -> list:
+        return self.inputs.get(op, [])
+
+
+def _input_ops(op: tf.Operation) -> list:
+    return [t.op for t in op.inputs]
+
+
+def _reader_ops(op: tf.Operation) -> list:
+    return [c for t in op.outputs for c in t.consumers()]
+
+
+def descendants(ops, control: bool = False, edges: DataEdges | None = None) -> set:
     """`ops` and every op that reads data from them, on and on; with `control`, every op that runs
-    after one of them (control edges too)."""
+    after one of them (control edges too). `edges`: the graph's, read already."""
+    readers_of = edges.readers.__getitem__ if edges is not None else _reader_ops
     seen, stack = set(ops), list(ops)
     while stack:
         op = stack.pop()
-        readers = [c for t in op.outputs for c in t.consumers()]
+        readers = readers_of(op)
         for nxt in (readers + tf_private.control_outputs(op)) if control else readers:
             if nxt not in seen:
                 seen.add(nxt)
@@ -38,15 +66,17 @@ def descendants(ops, control: bool = False) -> set:
     return seen
 
 
-def ancestors(ops, beyond=frozenset()) -> set:
-    """`ops` and every op they read data from, not reading on past the ops in `beyond`."""
+def ancestors(ops, beyond=frozenset(), edges: DataEdges | None = None) -> set:
+    """`ops` and every op they read data from, not reading on past the ops in `beyond`. `edges`:
+    the graph's, read already."""
+    inputs_of = edges.inputs_of if edges is not None else _input_ops
     found, stack = set(ops), [op for op in ops if op not in beyond]
     while stack:
-        for t in stack.pop().inputs:
-            if t.op not in found:
-                found.add(t.op)
-                if t.op not in beyond:
-                    stack.append(t.op)
+        for op in inputs_of(stack.pop()):
+            if op not in found:
+                found.add(op)
+                if op not in beyond:
+                    stack.append(op)
     return found
 
 
@@ -73,8 +103,8 @@ def connected(ops) -> list:
 
 
 def _inputs_and_control(op):
-    return [t.op for t in op.inputs] + list(op.control_inputs)
+    return _input_ops(op) + list(op.control_inputs)
 
 
 def _readers_and_control(op):
-    return [c for t in op.outputs for c in t.consumers()] + tf_private.control_outputs(op)
+    return _reader_ops(op) + tf_private.control_outputs(op)

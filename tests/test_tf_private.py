@@ -23,7 +23,13 @@ def test_update_input_rewires_one_edge():
         a, b = tf.constant(1.0), tf.constant(2.0)
         y = tf.identity(a)
         tf_private.update_input(y.op, 0, b)
+        s = tf.add(a, b)
+        assert len(s.op.inputs) == 2   # read, and kept by update_input as TensorFlow would read it again
+        tf_private.update_input(s.op, 1, a)
     assert y.op.inputs[0] is b and _run(graph, y) == 2.0
+    kept = s.op.inputs
+    s.op._inputs_val = None   # pylint: disable=protected-access
+    assert [t.name for t in kept] == [t.name for t in s.op.inputs] == [a.name, a.name] and _run(graph, s) == 2.0
 
 
 def test_control_edges_can_be_listed_and_replaced():

@@ -17,8 +17,16 @@ from tensorflow.python.framework import traceable_stack as _traceable_stack
 
 
 def update_input(op: tf.Operation, index: int, tensor: tf.Tensor) -> None:
-    """Rewires input `index` of `op` to `tensor` (TensorFlow checks shapes, not dtypes)."""
-    op._update_input(index, tensor)  # pylint: disable=protected-access
+    """Rewires input `index` of `op` to `tensor` (TensorFlow checks shapes, not dtypes).
+
+    TensorFlow forgets the op's `inputs` then, and builds them again on the next read, a lookup by
+    name per input; they are known, so they are kept (a rewrite moves thousands of edges, and later
+    stages read those ops' inputs)."""
+    # pylint: disable=protected-access
+    known = op._inputs_val
+    op._update_input(index, tensor)
+    if known is not None:
+        op._inputs_val = known[:index] + (tensor,) + known[index + 1:]
 
 
 def is_ref(tensor: tf.Tensor) -> bool:

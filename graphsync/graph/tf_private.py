@@ -281,14 +281,19 @@ def create_op(graph: tf.Graph, op_type: str, inputs: list, attrs: dict, name: st
             description = _c_api.TF_NewOperation(c_graph, op_type, name)
         if device:
             _c_api.TF_SetDevice(description, device)
-        flat = []   # the op's inputs in the C API's order: what Operation.inputs would look up again
-        for group in _tf_ops._reconstruct_sequence_inputs(op_def, inputs, attrs):
-            if isinstance(group, (list, tuple)):
-                _c_api.TF_AddInputList(description, [t._as_tf_output() for t in group])
-                flat.extend(group)
-            else:
-                _c_api.TF_AddInput(description, group._as_tf_output())
-                flat.append(group)
+        if _has_list_input(op_type, op_def):
+            flat = []   # the op's inputs in the C API's order: what Operation.inputs would look up again
+            for group in _tf_ops._reconstruct_sequence_inputs(op_def, inputs, attrs):
+                if isinstance(group, (list, tuple)):
+                    _c_api.TF_AddInputList(description, [t._as_tf_output() for t in group])
+                    flat.extend(group)
+                else:
+                    _c_api.TF_AddInput(description, group._as_tf_output())
+                    flat.append(group)
+        else:
+            flat = inputs
+            for tensor in inputs:
+                _c_api.TF_AddInput(description, tensor._as_tf_output())
         for key, value in attrs.items():
             _c_api.TF_SetAttrValueProto(description, key, value.SerializeToString())
         for key, value in graph._attr_scope_map.items():   # `marked`: what Graph.create_op would add
@@ -303,6 +308,17 @@ def create_op(graph: tf.Graph, op_type: str, inputs: list, attrs: dict, name: st
         op._gradient_function = graph._gradient_function_map.get(op_type)
         graph._record_op_seen_by_control_dependencies(op)
     return op
+
+
+_LIST_INPUTS = {}   # op type → whether one of its inputs is a list of tensors
+
+
+def _has_list_input(op_type: str, op_def) -> bool:
+    """Whether an op type takes a list of tensors as one input (AddN, ConcatV2, a call): only
+    then are a flat list's inputs regrouped (most of the ops a rewrite makes take none)."""
+    if op_type not in _LIST_INPUTS:
+        _LIST_INPUTS[op_type] = any(arg.number_attr or arg.type_list_attr for arg in op_def.input_arg)
+    return _LIST_INPUTS[op_type]
 
 
 @contextlib.contextmanager

@@ -104,9 +104,8 @@ class _Backward:
 
     def __init__(self, graph: tf.Graph):
         self.version = graph.version
-        edges = DataEdges(graph)   # the walks below reach nearly every op
-        self.seeds = _seeds(graph, edges)
-        self.ops = _descendants(self.seeds, edges=edges)
+        self.seeds, edges = _seeds(graph)
+        self.ops = _descendants(self.seeds, edges=edges) if self.seeds else set()
         if self.ops:
             self._add_read_only_by_backward(self.ops, edges)
             stacks = _popped_stacks(graph, edges) - self.ops
@@ -136,22 +135,26 @@ class _Backward:
         return self
 
 
-def _seeds(graph: tf.Graph, edges: DataEdges) -> list:
-    """The tensors of ones gradients start from (module docstring). The ops come grouped by type
-    (graph/by_type.py: an op's type is a call into TensorFlow, and the matchers group them anyway)."""
+def _seeds(graph: tf.Graph) -> tuple[list, DataEdges | None]:
+    """The tensors of ones gradients start from (module docstring), and the graph's edges when
+    they had to be read (the walks from the seeds reach nearly every op; a graph without a tensor
+    of ones or a gradient kernel's type, as most function bodies, needs none). The ops come grouped
+    by type (graph/by_type.py: an op's type is a call into TensorFlow, and the matchers group them
+    anyway)."""
     grouped = by_type.grouped(graph)
     candidates = [op for kind in _FILLS for op in grouped.get(kind, ()) if _is_ones(op)]
     marks = [op for kind in ("Mean",) + tuple(_FUSED) for op in grouped.get(kind, ())]
     kernels = [op for kind, ops in grouped.items() if is_kernel_type(kind) for op in ops]
     if not candidates and not kernels:   # a tape's constant seed reaches a gradient kernel's type
-        return []
+        return [], None
+    edges = DataEdges(graph)
     forward_reads = [t.op for k in kernels if k.type in _GRADIENT_INPUTS
                      for i, t in enumerate(k.inputs) if i not in _GRADIENT_INPUTS[k.type]]
     forward = _ancestors([op for op in marks if _forward_mark(op)] + forward_reads, edges=edges)
     if kernels:   # what reaches the kernels other than through the forward (whose constants are no seed)
         reaching_kernels = _ancestors(kernels, beyond=forward, edges=edges)
         candidates += [op for op in grouped.get("Const", ()) if op in reaching_kernels and _is_ones(op)]
-    return [op for op in candidates if op not in forward]
+    return [op for op in candidates if op not in forward], edges
 
 
 def _forward_mark(op: tf.Operation) -> bool:

@@ -53,10 +53,10 @@ def repeated(found: dict) -> list:
     writes = [w for by_variable in found.values() for ws in by_variable.values() for _, w in ws]
     # A tower's update that no op waits for (left in UPDATE_OPS, unrun) has no successor at all.
     bit = {w: 1 << i for i, w in enumerate(w for w in writes if _successors(w))}
-    labels = set(_downstream_labels(bit).values())
+    joint = _joint(_last_labels(bit))
     said = []
     for name, by_variable in found.items():
-        most = max((_run_together([bit[w] for _, w in ws if w in bit], labels) for ws in by_variable.values()),
+        most = max((_run_together([bit[w] for _, w in ws if w in bit], joint) for ws in by_variable.values()),
                    default=0)
         if most > 1:
             said.append((name, most))
@@ -95,54 +95,68 @@ def _variable(t: tf.Tensor) -> tf.Operation:
     return op
 
 
-def _run_together(bits: list, labels: set) -> int:
+def _run_together(bits: list, joint: dict) -> int:
     """How many of the writes (`bits`) share a downstream op with the first one: those a single
     fetch runs in the same step."""
     if len(bits) < 2:
         return len(bits)
-    group = sum(bits)
-    together = 0
+    return bin(joint.get(bits[0], 0) & sum(bits)).count("1")
+
+
+def _joint(labels: set) -> dict:
+    """{a write's bit: the bits of every write that shares a downstream op with it}, from the
+    labels of `_last_labels`."""
+    joint = {}
     for label in labels:
-        if label & bits[0]:
-            together |= label & group
-    return bin(together).count("1")
+        rest = label
+        while rest:
+            low = rest & -rest
+            joint[low] = joint.get(low, 0) | label
+            rest ^= low
+    return joint
 
 
 def _successors(op: tf.Operation) -> list:
     return [c for t in op.outputs for c in t.consumers()] + tf_private.control_outputs(op)
 
 
-def _downstream_labels(bit: dict) -> dict:
-    """{op: the bits of the writes in `bit` it is downstream of (data or control edges)}, for every
-    op downstream of one of them: one walk for all the layers' writes, where a walk per variable
-    went over the same optimizer and train ops again for each (a tenth of DenseNet121 × 4's rewrite).
-    In topological order, so that each op is labelled once; ops on a cycle (a v1 while loop's
-    NextIteration) are then relabelled until nothing changes."""
-    region, stack = set(bit), list(bit)
+def _last_labels(bit: dict) -> set:
+    """The label of each op downstream of the writes in `bit` that nothing there runs after, or
+    that is on or after a cycle: the bits of the writes it is downstream of (data or control edges).
+    A label only grows along an edge, so every op's is inside one of these: two writes share a
+    downstream op exactly when both bits are in one of them (`_run_together` reads a few labels,
+    not one per op).
+
+    One walk for all the layers' writes, where a walk per variable went over the same optimizer and
+    train ops again for each (a tenth of that rewrite). In topological order, so that each op is
+    labelled once; ops on a cycle (a v1 while loop's NextIteration) are then relabelled until
+    nothing changes."""
+    successors, stack = {}, list(bit)   # each op's successors, read once for the three passes
     while stack:
-        for nxt in _successors(stack.pop()):
-            if nxt not in region:
-                region.add(nxt)
-                stack.append(nxt)
-    waiting = {op: 0 for op in region}
-    for op in region:
-        for nxt in _successors(op):
+        op = stack.pop()
+        if op not in successors:
+            successors[op] = _successors(op)
+            stack.extend(nxt for nxt in successors[op] if nxt not in successors)
+    waiting = dict.fromkeys(successors, 0)
+    for following in successors.values():
+        for nxt in following:
             waiting[nxt] += 1
     labels = dict(bit)
-    ready = [op for op in region if not waiting[op]]
+    ready = [op for op in successors if not waiting[op]]
     while ready:
         op = ready.pop()
-        for nxt in _successors(op):
+        for nxt in successors[op]:
             labels[nxt] = labels.get(nxt, 0) | labels[op]
             waiting[nxt] -= 1
             if not waiting[nxt]:
                 ready.append(nxt)
-    stack = [op for op in region if waiting[op]]
+    cyclic = [op for op in successors if waiting[op]]
+    stack = list(cyclic)
     while stack:   # cycles: propagate until no label grows
         op = stack.pop()
-        for nxt in _successors(op):
+        for nxt in successors[op]:
             grown = labels.get(nxt, 0) | labels.get(op, 0)
             if grown != labels.get(nxt, 0):
                 labels[nxt] = grown
                 stack.append(nxt)
-    return labels
+    return {labels.get(op, 0) for op in cyclic} | {labels[op] for op, following in successors.items() if not following}

@@ -32,6 +32,19 @@ def test_update_input_rewires_one_edge():
     assert [t.name for t in kept] == [t.name for t in s.op.inputs] == [a.name, a.name] and _run(graph, s) == 2.0
 
 
+def test_input_types_are_the_types_of_the_ops_read_in_input_order():
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, [None, 3])
+        mean = tf.reduce_mean(x, 0)
+        variance = tf.reduce_sum(tf.square(x - mean), 0) / 7.0
+    op = variance.op
+    assert op._inputs_val is None   # pylint: disable=protected-access
+    read = tf_private.input_types(op)   # from the C API, not building op.inputs
+    assert op._inputs_val is None and read == ["Sum", "Const"]   # pylint: disable=protected-access
+    assert tf_private.input_types(op) == [t.op.type for t in op.inputs] == read   # and from op.inputs once built
+
+
 def test_control_edges_can_be_listed_and_replaced():
     graph = tf.Graph()
     with graph.as_default():

@@ -29,6 +29,14 @@ def update_input(op: tf.Operation, index: int, tensor: tf.Tensor) -> None:
         op._inputs_val = known[:index] + (tensor,) + known[index + 1:]
 
 
+def input_types(op: tf.Operation) -> list:
+    """The types of the ops `op` reads, input by input, without building `op.inputs` (a Tensor
+    per input, each found by name): what a matcher looks at first of most ops it rejects."""
+    if op._inputs_val is not None:  # pylint: disable=protected-access
+        return [t.op.type for t in op._inputs_val]  # pylint: disable=protected-access
+    return [_c_api.TF_OperationOpType(i.oper) for i in _c_api.GetOperationInputs(op._c_op)]  # pylint: disable=protected-access
+
+
 def is_ref(tensor: tf.Tensor) -> bool:
     """Whether `tensor` is a TF1 reference (a `VariableV2`'s output: readers alias its buffer)."""
     return tensor.dtype._is_ref_dtype  # pylint: disable=protected-access

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from graphsync.graph import by_type
+from graphsync.graph import by_type, tf_private
 from graphsync.graph.backward import is_backward
 from graphsync.match.candidate import Candidate, MomentsParts
 from graphsync.match.layer_form import LayerForm
-from graphsync.match.reductions import MeanOf, batch_axis_reason, mean_of, normalizes, statistics_ops
+from graphsync.match.reductions import MEAN_TYPES, MeanOf, batch_axis_reason, mean_of, normalizes, statistics_ops
 
 
 # the op types candidates() starts from (see match.starting_types)
@@ -64,7 +64,7 @@ def parse_variance(variance: tf.Tensor):
     if outer is not None:
         return _centred(outer)
     op = variance.op
-    if op.type != "Sub":
+    if op.type != "Sub" or tf_private.input_types(op)[0] not in MEAN_TYPES:   # E[x²] − m²: E[x²] first
         return None
     second, squared_mean = op.inputs
     outer = mean_of(second)

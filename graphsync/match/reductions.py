@@ -14,11 +14,13 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
+from graphsync.graph import tf_private
 from graphsync.match import ghost
 from graphsync.match.counts import is_count
 from graphsync.graph.backward import is_backward
 
 _DIVISIONS = ("RealDiv", "Div", "DivNoNan")
+MEAN_TYPES = frozenset(("Mean", "Mul") + _DIVISIONS)   # the op types `mean_of` reads a mean from
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,12 +45,18 @@ def mean_of(tensor: tf.Tensor) -> MeanOf | None:
     op = tensor.op
     if op.type == "Mean":
         return _reduction(tensor, op)
+    # the inputs' types first: most divisions and products are no mean, and reading the types
+    # costs less than building the op's inputs
     if op.type in _DIVISIONS:
+        if tf_private.input_types(op)[0] != "Sum":
+            return None
         total, count = op.inputs
-        if total.op.type == "Sum" and is_count(count, total.op, inverse=False):
+        if is_count(count, total.op, inverse=False):
             return _reduction(tensor, total.op)
         return None
     if op.type == "Mul":
+        if "Sum" not in tf_private.input_types(op):
+            return None
         for total, factor in (op.inputs, op.inputs[::-1]):
             if total.op.type != "Sum":
                 continue

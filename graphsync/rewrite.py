@@ -81,7 +81,7 @@ def rewrite_towers(graph: tf.Graph | None = None, *, towers=None, device: str | 
     options = RewriteOptions.of(towers=towers, device=device, strategy=strategy, group_size=group_size,
                                 process_group=process_group, recompute=recompute)   # before anything is inlined
     _refuse_finalized(graph)
-    with _collector_paused(), _default(graph):
+    with _collector_paused(), tf_private.as_default(graph):   # once, not in each of the splice's scopes
         return _rewrite(graph, options)   # as deep below the caller as from rewrite_with: warnings' stacklevel
 
 
@@ -89,7 +89,7 @@ def rewrite_with(graph: tf.Graph, options: RewriteOptions) -> RewriteReport:
     """rewrite_towers with the options its entry point built (graphsync.io's rewrite_file,
     `graphsync run`)."""
     _refuse_finalized(graph)
-    with _collector_paused(), _default(graph):
+    with _collector_paused(), tf_private.as_default(graph):
         return _rewrite(graph, options)
 
 
@@ -211,12 +211,6 @@ def _layer_reports(layers) -> list[LayerReport]:
             Backward.REWRITTEN if any(layer.has_gradients for layer in members) else Backward.AUTODIFF, first.found_as,
             tuple(layer.name for layer in members) if first.form.reduces else ()))
     return reports
-
-
-def _default(graph: tf.Graph):
-    """`graph` as the default graph for the whole rewrite: each of the few thousand scopes the
-    splice enters (tf_private.pristine_scope) would otherwise make it the default again."""
-    return graph.as_default() if tf.compat.v1.get_default_graph() is not graph else contextlib.nullcontext()
 
 
 @contextlib.contextmanager

@@ -101,8 +101,8 @@ class FastOps:
         definition joins the graph's library on first use; TensorFlow inlines it before running.
 
         Its outputs take the shapes the trace gave them: TensorFlow would otherwise infer them by
-        running shape inference over the whole body, for every call (460 µs each, a tenth of the
-        ops a rewrite makes by count of time, against a few µs)."""
+        running shape inference over the whole body, for every call (460 µs a call, against 127 µs
+        with the shapes set here)."""
         if function.name not in self._functions:
             function.add_to_graph(self.graph)
             self._functions.add(function.name)

@@ -154,8 +154,7 @@ def pristine_scope(graph: tf.Graph, device: str | None, name_scope: str):
     # pylint: disable=protected-access
     saved = (graph._get_control_flow_context(), graph._device_function_stack, graph._colocation_stack,
              graph._control_dependencies_stack, graph._name_stack)
-    default = graph.as_default() if tf.compat.v1.get_default_graph() is not graph else contextlib.nullcontext()
-    with default:
+    with as_default(graph):
         graph._set_control_flow_context(None)
         graph._device_function_stack = _traceable_stack.TraceableStack(
             [_traceable_stack.TraceableObject(_device_spec(device or ""))])
@@ -168,6 +167,12 @@ def pristine_scope(graph: tf.Graph, device: str | None, name_scope: str):
             (flow, graph._device_function_stack, graph._colocation_stack, graph._control_dependencies_stack,
              graph._name_stack) = saved
             graph._set_control_flow_context(flow)
+
+
+def as_default(graph: tf.Graph):
+    """`graph.as_default()`, or nothing when it is the default already: entering it pushes a new
+    default-graph context, which a rewrite would otherwise pay in each of its few thousand scopes."""
+    return graph.as_default() if tf.compat.v1.get_default_graph() is not graph else contextlib.nullcontext()
 
 
 @functools.lru_cache(maxsize=None)

@@ -23,7 +23,9 @@ import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
 from graphsync import stats
+from graphsync.exchange import library
 from graphsync.graph import ref_races
+from graphsync.graph.fast_ops import FastOps
 from graphsync.graph.tf_private import create_op, pristine_scope
 from graphsync.match.fused import LOCAL_MOMENTS_GRADIENT   # also how the analysis knows graphsync's own kernel
 
@@ -108,10 +110,23 @@ def grad_sums(dy, x, scale, mean, variance, epsilon, data_format):
 
 def correction_coefficients(ops, scale, variance, epsilon, sum_dy, sum_dy_xhat, total):
     """(−γ·r·B/N, −γ·r·A/N): the scale and offset under which the inference kernel computes the
-    cross-tower part of ∂L/∂x. `ops` is a fast_ops.FastOps."""
-    inv_std = ops.unary("Rsqrt", ops.binary("AddV2", variance, float(epsilon)))
-    gain = ops.binary("RealDiv", ops.unary("Neg", ops.binary("Mul", scale, inv_std)), ops.cast(total, scale.dtype))
-    return ops.binary("Mul", gain, sum_dy_xhat), ops.binary("Mul", gain, sum_dy)
+    cross-tower part of ∂L/∂x. `ops` is a fast_ops.FastOps. One call op (graphsync/exchange/library.py)
+    where spelled out they are eight, once per layer or tower; one trace serves every layer."""
+    inputs = [scale, variance, ops.constant(float(epsilon), variance.dtype), sum_dy, sum_dy_xhat, total]
+    body = library.traced(_coefficients, (), library.rank_specs(inputs))
+    coefficients = ops.call(body, inputs, "coefficients")
+    for t in coefficients:
+        t.set_shape(scale.shape)
+    return coefficients
+
+
+def _coefficients():
+    def coefficients(scale, variance, epsilon, sum_dy, sum_dy_xhat, total):
+        ops = FastOps(tf.compat.v1.get_default_graph())
+        inv_std = ops.unary("Rsqrt", ops.binary("AddV2", variance, epsilon))
+        gain = ops.binary("RealDiv", ops.unary("Neg", ops.binary("Mul", scale, inv_std)), ops.cast(total, scale.dtype))
+        return ops.binary("Mul", gain, sum_dy_xhat), ops.binary("Mul", gain, sum_dy)
+    return coefficients
 
 
 def input_grad(dx_local, x, mean, variance, epsilon, data_format, coefficients):

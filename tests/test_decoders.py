@@ -107,30 +107,10 @@ OPTIONS = [  # (form, kind, gradients, rewrite_towers options)
 OPTION_IDS = [f"{f}-{k}-{g}-{'-'.join(f'{a}={b}' for a, b in o.items())}" for f, k, g, o in OPTIONS]
 
 
-# A defect found here, and older than the transposed convolution (41768ea has it, on plain
-# convolutions too): recompute="segments" over a batch norm written by hand, rewritten before the
-# gradients exist, equals one device but not the synchronized step bit for bit (1 ulp of one
-# moving statistic after 2 steps). Cause, traced in the partition graphs TensorFlow runs: it is the
-# *forward* that changes. y = ((x − μ)·r)·γ: without recompute, (x − μ)·r has two readers (the
-# forward's ·γ and γ's gradient); once γ's gradient reads the copy, it has one, and grappler's
-# arithmetic optimizer (MinimizeBroadcasts, which absorbs single-reader products) computes
-# (r·γ)·(x − μ) instead. A control edge from the forward product to its copy pins it only until
-# the dependency optimizer's transitive reduction drops that edge (the loss's gradient is a longer
-# path), after which the optimizer's second round re-associates; with dependency_optimization off
-# the forward stays as written. Strict: the day it is fixed, this mark must go.
-_SEGMENTS_BEFORE_BY_HAND = pytest.mark.xfail(
-    strict=True, raises=AssertionError,
-    reason="segments over a hand-written batch norm, gradients built after the rewrite: not bit for bit")
+OPTIONS_FAST = {"fused-keras-after-recompute=segments", "moments-nn-before-strategy=allreduce"}
 
 
-def _marked(cases, ids):
-    return [pytest.param(*case.values, id=case.id, marks=list(case.marks) + (
-        [_SEGMENTS_BEFORE_BY_HAND] if case.id == "handwritten-layers-before-recompute=segments" else []))
-        for case in tiers.cases(cases, ids, fast={"fused-keras-after-recompute=segments",
-                                                  "moments-nn-before-strategy=allreduce"})]
-
-
-@pytest.mark.parametrize("form,kind,gradients,options", _marked(OPTIONS, OPTION_IDS))
+@pytest.mark.parametrize("form,kind,gradients,options", tiers.cases(OPTIONS, OPTION_IDS, OPTIONS_FAST))
 def test_decoders_with_every_exchange_and_recompute(form, kind, gradients, options):
     errors, report, built = _errors(form, kind, 2, gradients, batch_sizes=(3, 5, 2, 4), **options)
     assert len(report.layers) == 2 and len(report.towers) == 4, report.summary

@@ -7,6 +7,8 @@ string. Importing this imports no TensorFlow (`graphsync run` imports it before 
     recompute and segments (graphsync/splice/recompute.py, segments.py)
         RECOMPUTED        a forward op copied to run late, in the backward: forward arithmetic,
                           although only the backward reads it (graph/backward.py never counts it)
+        PINNED            a ControlTrigger whose control edge keeps Grappler from absorbing a forward
+                          op into its one reader once the backward's readers moved to copies
         RECOMPUTE_ROOTS   on the op whose gradient recomputes a layer: the copies' roots
         SEGMENT_ROOTS     on a segment's trigger: the roots its region starts from,
         SEGMENT_LATER     every later segment's roots in the tower,
@@ -42,6 +44,7 @@ class Mark(enum.Enum):
     """One node attribute of graphsync's (module docstring); `.value` is the attribute's name."""
 
     RECOMPUTED = "_graphsync_recompute"
+    PINNED = "_graphsync_pinned"
     RECOMPUTE_ROOTS = "_graphsync_recompute_roots"
     SEGMENT_ROOTS = "_graphsync_segment_roots"
     SEGMENT_LATER = "_graphsync_segment_later"

@@ -8,7 +8,8 @@ function of x and of per-channel statistics the synchronized layer already holds
 ops that read it (and the normalized output, and every elementwise op between them) read copies
 instead, made from x and the *same* synchronized statistics: no statistic is recomputed, no
 exchange repeated, no moving average updated twice. The copies are the same ops on the same
-inputs, so a step with recompute is bit for bit the step without.
+inputs, so a step with recompute is bit for bit the step without (a forward sum or product the
+backward no longer reads is pinned, `_pin`, so that Grappler does not re-associate it).
 
 What is recomputed, per tower, from the layer's normalization:
     fused layers    the normalization op graphsync made (FusedBatchNormV3, is_training=False)
@@ -55,6 +56,7 @@ ACTIVATIONS = frozenset({"Relu", "Relu6", "LeakyRelu", "Elu", "Sigmoid", "Tanh",
 AFFINE = frozenset({"Mul", "AddV2", "Add", "BiasAdd", "Sub", "RealDiv"})   # with a per-channel operand
 _NOT_COPIED = {mark.value for mark in marks.NOT_COPIED}
 _SHAPE_TYPES = frozenset(SHAPE_TYPES)
+_ASSOCIATIVE = frozenset({"Mul", "Add", "AddV2"})
 # tf.gradients' scopes, and graphsync's synchronized backward (graphsync/splice/layer.py)
 _STATISTICS_DEPTH = 12   # ops between a synchronized statistic and the per-channel operand it becomes
 
@@ -143,9 +145,43 @@ def copy_ops(graph: tf.Graph, needed: list, wait: list, reads: list, suffix: str
         copies.update((t.ref(), c) for t, c in zip(op.outputs, copy.outputs))
         done.ops += 1
     for t, readers in reads:
+        shared = len(_data_readers(t.op)) > 1
         done.edges += reroute_consumers(t, copies[t.ref()], only=readers)
         done.tensors += 1
+        if shared and _absorbable(t.op):
+            _pin(graph, t.op)
     return done
+
+
+def _data_readers(op: tf.Operation) -> list:
+    return [reader for t in op.outputs for reader in t.consumers() if reader.type not in _SHAPE_TYPES]
+
+
+def _absorbable(op: tf.Operation) -> bool:
+    """Whether Grappler's arithmetic optimizer may fold `op` into its reader: a sum or product
+    whose one reader is a sum or product of the same type (MinimizeBroadcasts re-associates such a
+    chain, AddOpsRewrite sums it as one)."""
+    readers = _data_readers(op)
+    return op.type in _ASSOCIATIVE and len(readers) == 1 and readers[0].type == op.type
+
+
+def _pin(graph: tf.Graph, op: tf.Operation) -> None:
+    """`op`, a forward sum or product left with one reader of its own type once the backward's
+    moved to copies (`_absorbable`), gets a control input from an op of its own that runs first and
+    does nothing. Grappler's arithmetic optimizer absorbs no op with a control input into its reader,
+    so it leaves `op` as it did while the backward read it, and the step stays bit for bit the step
+    without recompute; unpinned, it computes ((x − μ)·r)·γ as (r·γ)·(x − μ) (1 ulp). The pin is a
+    `ControlTrigger`: the dependency optimizer neither removes it nor makes it a NoOp it could
+    bypass, and its one edge is no other path's shortcut. Its mark names `op`, so that
+    common-subexpression elimination sees every pin as a different op: one trigger pinning two ops
+    of a chain would keep only its edge to the first. Only such ops: pinning every op left with one
+    reader changed MobileNetV2's step with segments, which is bit for bit without them.
+    Not inside a while loop (a control input from outside its frame is an error)."""
+    if tf_private.in_while_loop(op):
+        return
+    with pristine_scope(graph, op.device, op.name + "_pinned"):
+        trigger = create_op(graph, "ControlTrigger", [], {Mark.PINNED.value: marks.value(op.name)}, "ControlTrigger")
+    tf_private.add_control_inputs(op, [trigger])
 
 
 def _chain(roots: list) -> list:

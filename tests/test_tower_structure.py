@@ -60,6 +60,7 @@ def _errors(scope, sizes):
     (["gpu_0/replica_0", "gpu_0/replica_1", "gpu_1/replica_0", "gpu_1/replica_1"], [2, 3, 1, 4]),
     (["gpu_0/v0", "gpu_1/v1"], [3, 5]),
     (["", "gpu_1", "gpu_2"], [2, 5, 3]),
+    (["net", "net_1", "net_2"], [2, 5, 3]),   # TensorFlow's unique names: one scope name per tower call
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_scope_format_found_by_structure(scope, sizes):
     synced, unsynced, report = _errors(scope, sizes)
@@ -68,6 +69,104 @@ def test_scope_format_found_by_structure(scope, sizes):
                           f"not rewritten {unsynced:.2f}"
     assert report.towers == names
     assert synced < SYNCED and unsynced > UNSYNCED, (synced, unsynced)
+
+
+def _keras_model_per_graph():
+    """A tf_keras functional model (conv → batch norm → relu, twice, and a dense head), made once per
+    graph with seeded initializers and called once per tower: TensorFlow names the calls `model/`,
+    `model_1/`, … when the script opens no scope of its own; updates from `model.updates`."""
+    import tf_keras as keras
+    per_graph = {}
+
+    def call(x):
+        if x.graph not in per_graph:
+            init = keras.initializers.GlorotUniform(seed=1)
+            inputs = keras.Input(x.shape[1:])
+            h = inputs
+            for i in range(2):
+                h = keras.layers.Conv2D(4, 3, padding="same", use_bias=False, kernel_initializer=init)(h)
+                h = keras.layers.BatchNormalization(
+                    gamma_initializer=keras.initializers.RandomUniform(0.5, 1.5, seed=i))(h, training=True)
+                h = keras.layers.ReLU()(h)
+            outputs = keras.layers.Dense(5, kernel_initializer=init)(keras.layers.GlobalAveragePooling2D()(h))
+            per_graph[x.graph] = keras.Model(inputs, outputs)
+        model = per_graph[x.graph]
+        seen = set(model.updates)   # the model's own construction made updates too
+        y = model(x, training=True)
+        return y, [u for u in model.updates if u not in seen]
+    return call
+
+
+@pytest.mark.parametrize("gradients", ["after", "before"])
+def test_a_keras_model_called_per_device_without_a_scope_is_towers(gradients):
+    """A script's loop `with tf.device(d): y = model(x_d)` and nothing else: the towers are the
+    model's calls, `model/` and `model_1/` (the first call's scope carries no number). Found by
+    structure, synchronized, equal to one device; the graph left alone differs."""
+    sizes = [3, 5]
+    model = _keras_model_per_graph()
+    x, t = tl.data(sizes, (6, 6, 3), (5,))
+    ref = tl.reference_step(model, sizes, x, t)
+    worst = lambda got: max(tl.max_rel_error(got[k], ref[k]) for k in ("output", "loss", "grads", "moving"))  # noqa: E731
+    unsynced = worst(tl.run_step(tl.build(model, sizes, scope=["", ""]), x, t, sizes))
+    reports = []
+    built = tl.build(model, sizes, scope=["", ""], gradients=gradients,
+                     rewrite=lambda g: reports.append(graphsync.rewrite_towers(g)))
+    synced = worst(tl.run_step(built, x, t, sizes))
+    FIGURES[f"keras model per device, gradients {gradients}"] = f"rewritten {synced:.1e}, not rewritten {unsynced:.2f}"
+    assert reports[0].towers == ["model", "model_1"] and len(reports[0].layers) == 2, str(reports[0])
+    assert synced < SYNCED and unsynced > UNSYNCED, (synced, unsynced)
+    if gradients == "after":   # verify: each tower's targets are root placeholders its loss reads
+        verified = graphsync.verify(built.graph)
+        assert verified.passed and verified.reason.startswith("synchronized:"), verified.format()
+
+
+def _siamese(x):
+    """One network called on the two halves of each example's channels (the two images of a pair),
+    its embeddings multiplied: TensorFlow names the calls `net/` and `net_1/`, in one place. The
+    moving averages follow the first call (two updates of one variable in a step would race)."""
+    embeddings, updates = [], []
+    for images in (x[..., :3], x[..., 3:]):
+        with tf1.variable_scope("net", reuse=tf1.AUTO_REUSE):
+            h, update = models.raw_fused_bn(models._conv(images, 5, "conv"), "bn")  # noqa: SLF001
+            embeddings.append(tf.reduce_mean(tf.nn.relu(h), [1, 2]))
+            updates = updates or update
+    return embeddings[0] * embeddings[1], updates
+
+
+def test_a_siamese_network_in_towers_pairs_branch_with_branch():
+    """The Siamese network trained on two towers (`tower_0/net/`, `tower_0/net_1/` on one device,
+    `tower_1/…` on another): the towers are tower_0 and tower_1, each branch's batch norm is a layer
+    of its own, and the step equals one device's on the concatenated pairs. Alone on one device the
+    same network is no towers: refused in one line, not one op changed."""
+    sizes = [3, 5]
+    x, t = tl.data(sizes, (6, 6, 6), (5,))
+    ref = tl.reference_step(_siamese, sizes, x, t, input_shape=(6, 6, 6))
+    built = tl.build(_siamese, sizes, input_shape=(6, 6, 6))
+    report = graphsync.rewrite_towers(built.graph)
+    assert report.towers == ["tower_0", "tower_1"] and len(report.layers) == 2, str(report)
+    got = tl.run_step(built, x, t, sizes)
+    assert max(tl.max_rel_error(got[k], ref[k]) for k in ("output", "loss", "grads", "moving")) < SYNCED
+
+    graph = tf.Graph()
+    with graph.as_default():
+        y, _ = _siamese(tf1.placeholder(tf.float32, [None, 6, 6, 6]))
+        _train(tf.reduce_sum(y), graph)
+    before = graph.as_graph_def().SerializeToString(deterministic=True)
+    with pytest.raises(NoTowersError) as refused:
+        graphsync.rewrite_towers(graph)
+    assert "\n" not in str(refused.value) and "net/, net_1/" in str(refused.value), str(refused.value)
+    assert graph.as_graph_def().SerializeToString(deterministic=True) == before
+
+
+def test_verify_finds_the_towers_a_rewrite_found_by_structure():
+    """`gpu_0/`, `gpu_1/` are towers by structure; once rewritten, their batch norms are replaced
+    and structure finds nothing: verify reads the towers the rewrite marked, and passes (it once
+    said "found no towers" unless given --towers)."""
+    built = tl.build(models.resnetish(), [3, 5], scope="gpu_%d")
+    graphsync.rewrite_towers(built.graph)
+    report = graphsync.verify(built.graph)
+    assert report.passed and report.reason.startswith("synchronized:"), report.format()
+    assert "gpu_0" in report.format() and "gpu_1" in report.format(), report.format()
 
 
 # --------------------------------------------------------------------------------------------

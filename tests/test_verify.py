@@ -418,3 +418,20 @@ def test_changes_above_the_tolerance_are_judged_against_float_rounding():
     assert "reordered" in synced.format()
     original = graphsync.verify(os.path.join(FIXTURES, "cifar10_2towers.meta"), tolerance=1e-12)
     assert not original.passed and "(rounding " in original.reason
+
+
+def test_a_failed_run_says_its_cause_in_one_line():
+    """TensorFlow 2.x heads a run error with "Graph execution error:" and the node's trace; verify's
+    one line carries the cause instead (it once ended at "Graph execution error:")."""
+    from graphsync.verification.run import _cause
+    single = ("Graph execution error:\n\nDetected at node 'sub' defined at (most recent call last):\n"
+              "    File \"<stdin>\", line 4, in <module>\nNode: 'sub'\nIncompatible shapes: [3,5] vs. [4,5]\n"
+              "\t [[{{node sub}}]]")
+    several = ("Graph execution error:\n\nDetected at node 'g/BroadcastGradientArgs' defined at (most recent "
+               "call last):\nNode: 'g/BroadcastGradientArgs'\n2 root error(s) found.\n  (0) INVALID_ARGUMENT: "
+               "Incompatible shapes: [4,5] vs. [8,5]\n\t [[{{node g/BroadcastGradientArgs}}]]\n  (1) "
+               "INVALID_ARGUMENT: Incompatible shapes: [4,5] vs. [8,5]\n0 successful operations.\n"
+               "0 derived errors ignored.")
+    assert _cause(single) == "Incompatible shapes: [3,5] vs. [4,5]"
+    assert _cause(several) == "Incompatible shapes: [4,5] vs. [8,5]"
+    assert _cause("You must feed a value for placeholder tensor 'x'") == "You must feed a value for placeholder tensor 'x'"

@@ -33,7 +33,9 @@ string. Importing this imports no TensorFlow (`graphsync run` imports it before 
         INLINED           a tf.function call graphsync/splice/inline.py inlined: it no longer runs
         GATE              a Switch graphsync/splice/stand_in.py puts before a rewritten If
     what `graphsync verify` reads (graphsync/splice/marks.py: the statistics each tower reads)
-        STATISTICS (the mark of the statistics read, with LAYER), FORM, NORMALIZATION, FOUND_AS
+        STATISTICS (the mark of the statistics read, with LAYER), FORM, NORMALIZATION, FOUND_AS,
+        TOWER             "<index>:<prefix>" of the tower reading them: the rewrite's towers, which
+                          verify cannot find again by structure once the batch norms are replaced
 """
 from __future__ import annotations
 
@@ -73,6 +75,7 @@ class Mark(enum.Enum):
     STATISTICS = "_graphsync_statistics"
     NORMALIZATION = "_graphsync_normalization"
     FOUND_AS = "_graphsync_found_as"
+    TOWER = "_graphsync_tower"
 
     @classmethod
     def key(cls, name: str) -> "Mark":
@@ -85,7 +88,7 @@ TRIGGERS = (Mark.RECOMPUTE_ROOTS, Mark.SEGMENT_ROOTS, Mark.SEGMENT_LATER, Mark.S
             Mark.SEGMENT_REACHED)
 # what a recomputed copy must not inherit from the op it copies: its triggers, and the mark of the
 # statistics a tower reads (a fused layer's normalization carries it; each tower reads them once)
-NOT_COPIED = TRIGGERS + (Mark.STATISTICS, Mark.FORM, Mark.NORMALIZATION, Mark.FOUND_AS)
+NOT_COPIED = TRIGGERS + (Mark.STATISTICS, Mark.FORM, Mark.NORMALIZATION, Mark.FOUND_AS, Mark.TOWER)
 
 
 # what an op of one layer's exchange carries (graphsync/exchange/marking.py)

@@ -133,7 +133,7 @@ def _fused_forward(graph, layer: LayerPlan, site: Site, s: Synchronized, scale, 
         y = fused.normalize(graph, op.inputs[0], scale, op.inputs[2], s.mean, s.variance,
                             layer.epsilon, _data_format(op),
                             fused.NORMALIZE_GRADIENT if layer.has_gradients else SYNCHRONIZED_NORMALIZE_GRADIENT,
-                            marks=marks.attributes(layer, {"mean": 3, "variance": 4}))
+                            marks=marks.attributes(layer, site, {"mean": 3, "variance": 4}))
         batch_mean, batch_variance = s.mean, s.bessel
         if layer.avg_factor != 1.0:
             f = layer.avg_factor

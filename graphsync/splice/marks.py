@@ -8,8 +8,9 @@ splice marks, per layer and tower, an op whose inputs are exactly what the tower
 reads μ and σ² itself, carries the mark (`attributes`, given when it is made: no op more); other
 forms get one unread `IdentityN`, `<op>_sync/statistics_read` (`mark`), that no step runs
 (TensorFlow runs only what a fetch reaches) and no gradient passes through. The attributes name the
-layer, its form, each statistic with the input that holds it, and the normalization the layer is
-part of with how it was found (a batch norm written by hand is several reduction layers:
+layer, its form, each statistic with the input that holds it, the tower (`towers` reads them back:
+structure found the towers of a graph whose batch norms the rewrite has since replaced), and the
+normalization the layer is part of with how it was found (a batch norm written by hand is several reduction layers:
 graphsync/plan/normalizations.py; `normalization_of`). A recomputed copy of a marked op does not
 carry the mark (graphsync/splice/recompute.py): each tower reads its statistics once.
 
@@ -26,16 +27,18 @@ from tensorflow.core.framework import attr_value_pb2
 from graphsync.graph import marks
 from graphsync.graph.marks import Mark
 from graphsync.graph.tf_private import create_op, marked, pristine_scope
+from graphsync.towers.scopes import Tower
 
 MARK = "statistics_read"
 _FORWARD, _BACKWARD = (marks.value(d.value) for d in (marks.Direction.FORWARD, marks.Direction.BACKWARD))
 
 
-def attributes(layer, statistics: dict) -> dict:
+def attributes(layer, site, statistics: dict) -> dict:
     """The mark's attributes (attribute name → AttrValue) for an op that reads the statistics of
     tower `site` of `layer` (a LayerPlan): `statistics` maps what each is ("mean", "variance",
     "sum", …) to the index of the input that holds it."""
     return {Mark.LAYER.value: marks.value(layer.name),
+            Mark.TOWER.value: marks.value(f"{site.tower.index}:{site.tower.prefix}"),
             Mark.FORM.value: marks.value(layer.shown_kind.value),
             Mark.STATISTICS.value: marks.value(",".join(f"{what}:{i}" for what, i in statistics.items())),
             # the normalization the layer is part of (plan/normalizations.py), and how it was found
@@ -49,13 +52,24 @@ def mark(graph: tf.Graph, layer, site, **statistics: tf.Tensor) -> tf.Operation:
     tensors = list(statistics.values())
     attrs = {"T": attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(
                  type=[t.dtype.as_datatype_enum for t in tensors])),
-             **attributes(layer, {what: i for i, what in enumerate(statistics)})}
+             **attributes(layer, site, {what: i for i, what in enumerate(statistics)})}
     with pristine_scope(graph, site.device, site.op.name + "_sync"):
         return create_op(graph, "IdentityN", tensors, attrs, MARK)
 
 
 def is_mark(op: tf.Operation) -> bool:
     return marks.has(op, Mark.STATISTICS)
+
+
+def towers(graph: tf.Graph) -> list[Tower]:
+    """The towers the marks name, in index order: those of the rewrite that made them (none in a
+    graph not rewritten, or rewritten by a graphsync that did not mark them)."""
+    found = set()
+    for op in graph.get_operations():
+        if marks.has(op, Mark.TOWER):
+            index, _, prefix = marks.text(op, Mark.TOWER).partition(":")
+            found.add(Tower(int(index), prefix))
+    return sorted(found, key=lambda tower: tower.index)
 
 
 def made_for_layer(splice):

@@ -3,8 +3,13 @@ which batch norm of one tower is which of another's.
 
 A family is a set of sibling scopes (same parent scope) whose names become the same template once
 one integer run is taken out: `gpu_0`, `gpu_1` → `gpu_%d`; `task_0_tower_1` → `task_0_tower_%d` (and
-`task_%d_tower_1`); `t0_gpu` → `t%d_gpu`. Whether a family is towers is decided by the graph
-(graphsync/towers/structure.py); names only propose.
+`task_%d_tower_1`); `t0_gpu` → `t%d_gpu`. Numbering may start at 1. A script that builds its towers
+in a loop without a scope of its own gets TensorFlow's unique names, `net`, `net_1`, `net_2` (a
+Keras model called once per tower: `model`, `model_1`): the unnumbered sibling is member 0, and
+since a Siamese network that calls one model on two inputs is named the same way, such members are
+towers only on distinct devices. Without such a sibling, member 0 is the parent scope itself (a
+first replica built unscoped, the next ones under `tower_1`, `tower_2`). Whether a family is
+towers is decided by the graph (graphsync/towers/structure.py); names only propose.
 
 Layers pair across towers by their name relative to the tower. Frameworks let those names drift:
 a Keras model built once per tower uniquifies its layers (`sequential/batch_normalization` in one
@@ -20,16 +25,19 @@ from collections import Counter
 
 DIGITS = re.compile(r"\d+")
 _UNIQUIFIED = re.compile(r"_\d+$")
+_UNIQUE_SUFFIX = "_%d"      # the suffix TensorFlow and Keras add to a name already taken
 
 
 @dataclasses.dataclass(frozen=True)
 class Family:
     """Sibling scopes `parent + template % index`: index → prefix (ending in '/'); index 0 is
-    the parent scope itself when the family is an unscoped first replica plus numbered ones."""
+    the unnumbered sibling (`net/` beside `net_1/`) or the parent scope itself when the numbers
+    start at 1 (module docstring)."""
 
     parent: str              # '' or ending in '/'
     template: str            # the scope name with '%d' for the index
     members: tuple           # ((index, prefix), ...) in index order
+    unnumbered: bool = False  # member 0 is the unnumbered sibling: only devices tell such towers apart
 
     @property
     def prefixes(self) -> list[str]:
@@ -37,11 +45,12 @@ class Family:
 
     def option(self) -> str:
         """The towers= value that picks this family: a regular expression, or the list of
-        prefixes when the parent scope is a member."""
-        if self.parent in self.prefixes:
-            return repr(self.prefixes)
+        prefixes when member 0 is unnumbered."""
         head, _, tail = self.template.partition("%d")
-        return repr(re.escape(self.parent) + re.escape(head) + r"\d+" + re.escape(tail) + "/")
+        numbered = re.escape(self.parent) + re.escape(head) + r"\d+" + re.escape(tail) + "/"
+        if not all(re.fullmatch(numbered, p) for p in self.prefixes):
+            return repr(self.prefixes)
+        return repr(numbered)
 
     @property
     def label(self) -> str:
@@ -50,8 +59,10 @@ class Family:
 
 def families(op_names) -> list[Family]:
     """Every family of two or more sibling scopes among the scopes of `op_names`, and every
-    family numbered from 1 (a first replica left unscoped: its parent is member 0)."""
+    family numbered from 1, whose member 0 is its unnumbered sibling or else its parent (module
+    docstring)."""
     groups: dict[tuple, dict[int, str]] = {}
+    scopes = set()
     for name in op_names:
         parts = name.split("/")
         parent = ""
@@ -61,13 +72,17 @@ def families(op_names) -> list[Family]:
                 members = groups.setdefault((parent, template), {})
                 members.setdefault(int(found.group()), parent + component + "/")
             parent += component + "/"
+            scopes.add(parent)
     result = []
     for (parent, template), members in groups.items():
         if len(members) < 2 and min(members) != 1:
             continue
+        unnumbered = False
         if 0 not in members and min(members) == 1:
-            members = {0: parent, **members}
-        result.append(Family(parent, template, tuple(sorted(members.items()))))
+            sibling = parent + template[:-len(_UNIQUE_SUFFIX)] + "/"
+            unnumbered = template.endswith(_UNIQUE_SUFFIX) and sibling in scopes
+            members = {0: sibling if unnumbered else parent, **members}
+        result.append(Family(parent, template, tuple(sorted(members.items())), unnumbered))
     return result
 
 

@@ -7,6 +7,9 @@ is towers when the graph says they are replicas of one model trained data-parall
                   allowed); a member missing some of them makes the family qualify only partly
     parallel      no member's batch norm depends, in the forward pass, on a batch norm outside it
                   (sequential blocks feed each other; a GAN's discriminator reads the generator)
+    placed apart  for `net/`, `net_1/` (TensorFlow's unique names, no index of the script's own),
+                  each trained member's batch norms on devices no other one uses: a Siamese
+                  network calls its model on two inputs in one place, a tower loop on one device each
     own examples  no two members read the same data tensor (branches of one network share their
                   input); slicing a shared batch inside each member is reading its own part
     trained       when some members are differentiated, those that are not are evaluation towers:
@@ -249,6 +252,8 @@ class _Analysis:
             return None
         if need_same_layers and any(c != common for c in counts.values()):
             return None
+        if family.unnumbered and len(set().union(*map(self._devices, per_member.values()))) < 2:
+            return None      # one place: not towers whichever members train (the walks below cost more)
         if not self._parallel(family, per_member):
             return None
         members = list(per_member)
@@ -258,7 +263,7 @@ class _Analysis:
             left_out = [(m[1], "not differentiated: an evaluation tower, left alone")
                         for m in members if m not in trained]
             members = trained
-        if len(members) < 2:
+        if len(members) < 2 or family.unnumbered and not self._placed_apart([per_member[m] for m in members]):
             return None
         union = Counter()
         for m in members:
@@ -271,6 +276,19 @@ class _Analysis:
         missing = f"layer {next(iter(what))[0]!r} is missing from {prefix or '(root)'}{more}"
         complete = [p for m, p in members if not union - counts[m, p]]
         return _Verdict(family, members, False, left_out, missing, complete)
+
+    def _placed_apart(self, members_names) -> bool:
+        """Whether every member's batch norms are placed, and on devices no other member's use."""
+        taken: set = set()
+        for names in members_names:
+            devices = self._devices(names)
+            if not all(devices) or devices & taken:
+                return False
+            taken |= devices
+        return True
+
+    def _devices(self, names) -> set:
+        return {tf.DeviceSpec.from_string(self.op[n].device).to_string() for n in names}
 
     def _parallel(self, family, per_member) -> bool:
         prefixes = [p for _, p in family.members]

@@ -7,6 +7,7 @@ device the graph names, so the cross-device structure (and its traffic) stays as
 from __future__ import annotations
 
 import dataclasses
+import re
 import warnings
 
 import numpy as np
@@ -140,8 +141,27 @@ def _run(sess, fetches, feed, what, **kw):
                              "waiting for data? name the tensors to feed with --input)") from None
     except tf.errors.OpError as exc:
         where = f" at {exc.op.name}" if getattr(exc, "op", None) is not None else ""
-        message = " ".join(str(exc.message).split("\n")[0].split())
-        raise GraphsyncError(f"{what} failed{where}: {message}") from None
+        raise GraphsyncError(f"{what} failed{where}: {_cause(exc.message)}") from None
+
+
+def _cause(message: str) -> str:
+    """The line of a TensorFlow run error that says what went wrong: TensorFlow 2.x heads it with
+    "Graph execution error:" and the node's Python trace, lists several root errors as
+    "  (0) INVALID_ARGUMENT: …", and names the node in brackets."""
+    said = []
+    for line in str(message).split("\n"):
+        root = _ROOT_ERROR.match(line)
+        if root:
+            said.append(root.group(1))
+        elif line.strip() and not line.startswith((" ", "\t")) and not line.startswith(_NOT_THE_CAUSE) \
+                and not _ROOT_ERRORS.match(line):
+            said.append(line)
+    return " ".join((said or [str(message).split("\n")[0]])[0].split())
+
+
+_ROOT_ERROR = re.compile(r"\s*\(\d+\) (?:[A-Z_]+: )?(.*)")
+_ROOT_ERRORS = re.compile(r"\d+ root error\(s\) found")
+_NOT_THE_CAUSE = ("Graph execution error", "Detected at node", "Node: ", "[[", "Original stack trace")
 
 
 def relative_change(drawn: list, exchanged: list) -> float | None:

@@ -88,14 +88,27 @@ def find(tensor: tf.Tensor, needed: set, tower_of_op):
 def owner(op: tf.Operation, tensor: tf.Tensor, needed: set, tower_of_op):
     """The tower `op` belongs to as a reader of `tensor`: the tower its name is in, except for an
     op in a tower's scope that carries the examples on: the one tower whose layers read them (None
-    when several do). Carriers outside the towers stay shared: `find` walks through them."""
+    when several do). Carriers outside the towers stay shared: `find` walks through them. An op
+    outside the towers that combines the examples, elementwise, with one tower's tensors reads
+    them for that tower: a loss written outside the tower scopes (`y_k - target_k`, the towers
+    being TensorFlow's unique names `model/`, `model_1/` of a model called once per device)."""
     scoped = tower_of_op(op)
-    if scoped is None or not carries(op, tensor):
+    if scoped is None:
+        return _combined_with(op, tensor, tower_of_op)
+    if not carries(op, tensor):
         return scoped
     reached = {tower_of_op(layer) for layer, _ in first_layers(op.outputs, needed)}
     if len(reached) == 1 and None not in reached:
         return reached.pop()
     return None if len(reached - {None}) > 1 else scoped
+
+
+def _combined_with(op: tf.Operation, tensor: tf.Tensor, tower_of_op):
+    """The one tower whose tensors `op` combines `tensor` with, elementwise; else None."""
+    if op.type not in ELEMENTWISE + ("SquaredDifference",):
+        return None
+    others = {tower_of_op(t.op) for t in op.inputs if t is not tensor}
+    return others.pop() if len(others) == 1 and None not in others else None
 
 
 def first_layers(tensors, needed: set) -> list[tuple[tf.Operation, int]]:

@@ -8,16 +8,20 @@ from graphsync.graph import marks
 from graphsync.graph.marks import Mark
 from graphsync.plan.options import RewriteOptions
 from graphsync.plan.planner import make_plan
+from graphsync.splice import marks as splice_marks
 from graphsync.towers.scopes import ROOT, Tower, find_towers, tower_of
 
 
 def find(graph: tf.Graph, towers) -> list[Tower]:
-    """The rewrite's towers (or those --towers names); at least two."""
+    """The rewrite's towers (or those --towers names); at least two: as a rewrite would find
+    them, else as the one that rewrote the graph marked them, else by their names."""
     found = []
     try:
         found = make_plan(graph, RewriteOptions(towers=towers)).towers
     except GraphsyncError:
         pass
+    if len(found) < 2 and towers is None:
+        found = splice_marks.towers(graph)
     if len(found) < 2:
         found = find_towers([op.name for op in graph.get_operations()], towers)
     if len(found) < 2:

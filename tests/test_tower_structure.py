@@ -158,6 +158,28 @@ def test_a_siamese_network_in_towers_pairs_branch_with_branch():
     assert graph.as_graph_def().SerializeToString(deterministic=True) == before
 
 
+def test_two_streams_alike_on_two_devices_keep_their_own_statistics():
+    """A two-stream network (two inputs, the same layers built twice with weights of their own,
+    `stream/` on one device and `stream_1/` on another, fused by one loss) is named like towers
+    built in a loop and placed like them, but its streams are not replicas: refused in one line,
+    not one op changed."""
+    graph = tf.Graph()
+    with graph.as_default():
+        outputs = []
+        for i in range(2):
+            with tf.device(f"/cpu:{i}"), tf1.variable_scope(None, default_name="stream"):
+                images = tf1.placeholder(tf.float32, [None, 6, 6, 4])
+                outputs.append(tf.reduce_mean(_conv_bn(_conv_bn(images, "l0"), "l1"), [1, 2]))
+        _train(tf.reduce_sum(tf.square(outputs[0] - outputs[1])), graph)
+    assert {op.name.split("/")[0] for op in graph.get_operations() if op.type == "FusedBatchNormV3"} == \
+        {"stream", "stream_1"}
+    before = graph.as_graph_def().SerializeToString(deterministic=True)
+    with pytest.raises(NoTowersError) as refused:
+        graphsync.rewrite_towers(graph)
+    assert "\n" not in str(refused.value)
+    assert graph.as_graph_def().SerializeToString(deterministic=True) == before
+
+
 def test_verify_finds_the_towers_a_rewrite_found_by_structure():
     """`gpu_0/`, `gpu_1/` are towers by structure; once rewritten, their batch norms are replaced
     and structure finds nothing: verify reads the towers the rewrite marked, and passes (it once

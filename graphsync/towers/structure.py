@@ -7,9 +7,11 @@ is towers when the graph says they are replicas of one model trained data-parall
                   allowed); a member missing some of them makes the family qualify only partly
     parallel      no member's batch norm depends, in the forward pass, on a batch norm outside it
                   (sequential blocks feed each other; a GAN's discriminator reads the generator)
-    placed apart  for `net/`, `net_1/` (TensorFlow's unique names, no index of the script's own),
-                  each trained member's batch norms on devices no other one uses: a Siamese
-                  network calls its model on two inputs in one place, a tower loop on one device each
+    replicas      for `net/`, `net_1/` (TensorFlow's unique names, no index of the script's own),
+                  each trained member's batch norms on devices no other one uses (a Siamese network
+                  calls its model on two inputs in one place, a tower loop on one device each), and
+                  fused ones on the same scale and offset variables (two streams built alike on two
+                  devices keep weights of their own)
     own examples  no two members read the same data tensor (branches of one network share their
                   input); slicing a shared batch inside each member is reading its own part
     trained       when some members are differentiated, those that are not are evaluation towers:
@@ -263,7 +265,7 @@ class _Analysis:
             left_out = [(m[1], "not differentiated: an evaluation tower, left alone")
                         for m in members if m not in trained]
             members = trained
-        if len(members) < 2 or family.unnumbered and not self._placed_apart([per_member[m] for m in members]):
+        if len(members) < 2 or family.unnumbered and not self._replicas([per_member[m] for m in members]):
             return None
         union = Counter()
         for m in members:
@@ -277,15 +279,20 @@ class _Analysis:
         complete = [p for m, p in members if not union - counts[m, p]]
         return _Verdict(family, members, False, left_out, missing, complete)
 
-    def _placed_apart(self, members_names) -> bool:
-        """Whether every member's batch norms are placed, and on devices no other member's use."""
+    def _replicas(self, members_names) -> bool:
+        """Whether members named only by TensorFlow's unique names are replicas: each member's
+        batch norms placed, on devices no other member's use, and (fused ones) scaling and
+        shifting by the same variables (two streams built alike keep weights of their own)."""
         taken: set = set()
+        weights = []
         for names in members_names:
             devices = self._devices(names)
             if not all(devices) or devices & taken:
                 return False
             taken |= devices
-        return True
+            weights.append({v for n in names for v in _weights(self.op[n])} if all(
+                self.candidate[n].form.fused_kernel for n in names) else None)
+        return None in weights or all(w == weights[0] for w in weights)
 
     def _devices(self, names) -> set:
         return {tf.DeviceSpec.from_string(self.op[n].device).to_string() for n in names}
@@ -366,6 +373,22 @@ class _Analysis:
             return bool(match.fused_gradient_ops(cand.op))
         readers = [c for t in cand.op.inputs[:1] for c in t.consumers()]
         return any(is_backward(c) for c in readers)
+
+
+def _weights(op: tf.Operation) -> set:
+    """The variables a fused batch norm's scale and offset are read from (through reads,
+    identities and casts)."""
+    found = set()
+    for tensor in op.inputs[1:3]:
+        source = tensor.op
+        for _ in range(4):
+            if source.type in ("VariableV2", "Variable", "VarHandleOp"):
+                found.add(source.name)
+                break
+            if source.type not in ("ReadVariableOp", "Identity", "Cast", "Enter") or not source.inputs:
+                break
+            source = source.inputs[0].op
+    return found
 
 
 def _signature(cand) -> tuple:

@@ -10,8 +10,8 @@ forms get one unread `IdentityN`, `<op>_sync/statistics_read` (`mark`), that no 
 (TensorFlow runs only what a fetch reaches) and no gradient passes through. The attributes name the
 layer, its form, each statistic with the input that holds it, the tower (`towers` reads them back:
 structure found the towers of a graph whose batch norms the rewrite has since replaced), and the
-normalization the layer is part of with how it was found (a batch norm written by hand is several reduction layers:
-graphsync/plan/normalizations.py; `normalization_of`). A recomputed copy of a marked op does not
+normalization the layer is part of with how it was found (a batch norm written by hand is several
+reduction layers: graphsync/plan/normalizations.py; `normalization_of`). A recomputed copy of a marked op does not
 carry the mark (graphsync/splice/recompute.py): each tower reads its statistics once.
 
 Every other op the splice makes for a layer carries the layer's name too (`made_for_layer`): verify

@@ -148,15 +148,12 @@ def _cause(message: str) -> str:
     """The line of a TensorFlow run error that says what went wrong: TensorFlow 2.x heads it with
     "Graph execution error:" and the node's Python trace, lists several root errors as
     "  (0) INVALID_ARGUMENT: …", and names the node in brackets."""
-    said = []
-    for line in str(message).split("\n"):
+    lines = str(message).split("\n")
+    for line in lines:
         root = _ROOT_ERROR.match(line)
-        if root:
-            said.append(root.group(1))
-        elif line.strip() and not line.startswith((" ", "\t")) and not line.startswith(_NOT_THE_CAUSE) \
-                and not _ROOT_ERRORS.match(line):
-            said.append(line)
-    return " ".join((said or [str(message).split("\n")[0]])[0].split())
+        if root or line.strip() and not line.startswith((" ", "\t", *_NOT_THE_CAUSE)) and not _ROOT_ERRORS.match(line):
+            return " ".join((root.group(1) if root else line).split())
+    return " ".join(lines[0].split())
 
 
 _ROOT_ERROR = re.compile(r"\s*\(\d+\) (?:[A-Z_]+: )?(.*)")

@@ -9,12 +9,21 @@ on the script's first lines; or, with no edit at all, `graphsync run train.py` (
 
 Importing graphsync registers the gradients its rewritten graphs use. When TensorFlow is not
 imported yet (e.g. `python -m graphsync`), the library loads on first use instead, so the command
-line can keep TensorFlow's start-up lines off the terminal.
+line can keep TensorFlow's start-up lines off the terminal. Without a TensorFlow it supports,
+the import fails with one line that says what is needed (graphsync/requirements.py).
 """
 import importlib
 import sys
 
+from graphsync.requirements import tensorflow_problem
+
 __version__ = "0.1.0"
+
+_missing = tensorflow_problem()   # no TensorFlow, or one older than graphsync supports: one line, here
+if _missing and sys.argv[:1] == ["-m"]:   # `python -m graphsync` (argv[0] is "-m" while it is found)
+    sys.exit(f"graphsync: error: {_missing}")
+if _missing:
+    raise ImportError(_missing)
 
 _EXPORTS = {
     "rewrite_towers": "graphsync.rewrite",

@@ -16,8 +16,8 @@ pytestmark = pytest.mark.plumbing   # tiers.py: no kernel of its own
 
 ROOT = test_docs.ROOT
 README = test_docs.README
-SET_UP = ("pip install . && graphsync rewrite fixtures/cifar10_2towers.meta -o /tmp/cifar10_2towers_synced.meta\n"
-          "pip install '.[test]' && python -m pytest -q -n 2\n")
+SET_UP = ("pip install '.[tensorflow]' && graphsync rewrite fixtures/cifar10_2towers.meta -o /tmp/cifar10_2towers_synced.meta\n"
+          "python tests/install.py && python -m pytest -q -n 2\n")
 MAX_WORDS = 2100   # "about 2,000": read in ten minutes
 _LINK = re.compile(r"\]\((?P<target>[^)#\s]+)(?:#[^)]*)?\)")
 

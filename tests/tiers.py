@@ -8,13 +8,15 @@ A parametrized test keeps a few of its cases in the fast tier and marks the rest
 `kernels` marks the cases whose kernels differ without oneDNN (channels-first, float16, bfloat16):
 CI's pass without oneDNN runs them beside the fast tier. `plumbing` marks what computes nothing a
 kernel could change (processes, signals, the command line, files, docs, the lines said): that pass
-leaves it out.
+leaves it out. `environment` marks what the installed packages decide (what pip would change, the
+TensorFlow found): CI runs it on every TensorFlow it tests.
 """
 import pytest
 
 full = pytest.mark.full
 kernels = pytest.mark.kernels
 plumbing = pytest.mark.plumbing
+environment = pytest.mark.environment
 
 
 def cases(values, ids, fast, kernel_ids=()):

@@ -288,7 +288,7 @@ def create_op(graph: tf.Graph, op_type: str, inputs: list, attrs: dict, name: st
         return graph._create_op_internal(op_type, inputs, name=name, attrs=attrs)
     graph._check_not_finalized()
     name = graph.unique_name(name)
-    op_def = graph.op_def_for_type(op_type)
+    op_def = _op_def_for_type(graph, op_type)
     with graph._mutation_lock():
         with graph._c_graph.get() as c_graph:
             description = _c_api.TF_NewOperation(c_graph, op_type, name)
@@ -397,8 +397,19 @@ def _plain_context(graph: tf.Graph, op_type: str, inputs) -> bool:
                 or graph._container or graph._default_original_op is not None)
 
 
+def _op_def_for_type(graph: tf.Graph, op_type: str):
+    """The OpDef of `op_type` as `graph` knows it (Graph._get_op_def up to TensorFlow 2.13)."""
+    # pylint: disable=protected-access
+    return graph.op_def_for_type(op_type) if hasattr(graph, "op_def_for_type") else graph._get_op_def(op_type)
+
+
 def default_strategy():
     """tf.distribute's default strategy (no replicas of its own): the one get_strategy() returns
-    outside every scope, whatever scope this is called in."""
-    from tensorflow.python.distribute import distribute_lib  # pylint: disable=import-outside-toplevel
-    return distribute_lib._get_default_strategy()  # pylint: disable=protected-access
+    outside every scope, whatever scope this is called in (distribution_strategy_context held it up
+    to TensorFlow 2.13)."""
+    # pylint: disable=import-outside-toplevel,protected-access
+    from tensorflow.python.distribute import distribute_lib
+    if hasattr(distribute_lib, "_get_default_strategy"):
+        return distribute_lib._get_default_strategy()
+    from tensorflow.python.distribute import distribution_strategy_context
+    return distribution_strategy_context._get_default_strategy()

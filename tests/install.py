@@ -1,0 +1,93 @@
+"""Installs graphsync and what its tests need into the Python running this script, leaving the
+TensorFlow found there, and every package it requires, as they are: the README's test command.
+
+`pip install '.[test]'` alone cannot promise that. tf_keras 2.16 and later requires the TensorFlow of
+its own minor version, and today's matplotlib a numpy newer than TensorFlow 2.12 allows; pip
+resolves either by upgrading TensorFlow, Keras and numpy under the user's code. So:
+
+- the installed TensorFlow and the installed packages it requires, transitively (Keras, numpy,
+  protobuf, tensorboard, …), go to pip as constraints, at the versions found;
+- tf_keras is asked for only where `tf.keras` is Keras 3 (TensorFlow 2.16 on), at TensorFlow's
+  minor version; up to 2.15, `tf.keras` is Keras 2 itself;
+- with no TensorFlow yet, the newest one comes with graphsync's `tensorflow` extra.
+
+    python tests/install.py [PIP-ARGS…]     # e.g. -e for an editable install
+"""
+import importlib.metadata
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TENSORFLOW_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tensorflow-intel",
+                            "tensorflow-macos", "tf-nightly", "tf-nightly-cpu", "intel-tensorflow")
+FIRST_KERAS_3 = (2, 16)   # the first TensorFlow whose tf.keras is Keras 3
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _installed(name: str):
+    try:
+        return importlib.metadata.distribution(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def installed_tensorflow():
+    """The installed TensorFlow distribution (under whichever name it was published), or None."""
+    return next(filter(None, map(_installed, TENSORFLOW_DISTRIBUTIONS)), None)
+
+
+def requirement_closure(distribution) -> dict:
+    """Canonical name → version of `distribution` and of every installed package it requires,
+    transitively (optional extras' requirements aside)."""
+    found, pending = {}, [distribution]
+    while pending:
+        dist = pending.pop()
+        name = _canonical(dist.metadata["Name"])
+        if name in found:
+            continue
+        found[name] = dist.version
+        for requirement in dist.requires or ():
+            if "extra ==" in requirement.replace('"', "").replace("'", ""):
+                continue
+            required = _installed(re.match(r"[A-Za-z0-9._-]+", requirement).group(0))
+            if required is not None:
+                pending.append(required)
+    return found
+
+
+def pip_arguments(tensorflow) -> tuple:
+    """(requirements, constraints) to give pip for this environment."""
+    if tensorflow is None:
+        return [f"{ROOT}[tensorflow,test]", "tf_keras"], {}
+    kept = requirement_closure(tensorflow)
+    for name in ("tf-keras", "keras"):      # a Keras installed beside TensorFlow stays as it is too
+        if _installed(name) is not None:
+            kept.setdefault(name, _installed(name).version)
+    requirements = [f"{ROOT}[test]"]
+    major, minor = (int(part) for part in tensorflow.version.split(".")[:2])
+    if (major, minor) >= FIRST_KERAS_3 and "tf-keras" not in kept:
+        requirements.append(f"tf_keras>={major}.{minor},<{major}.{minor + 1}")
+    return requirements, kept
+
+
+def main(extra_pip_arguments: list) -> int:
+    requirements, kept = pip_arguments(installed_tensorflow())
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as constraints:
+        constraints.write("".join(f"{name}=={version}\n" for name, version in sorted(kept.items())))
+    try:
+        command = [sys.executable, "-m", "pip", "install", *extra_pip_arguments, *requirements,
+                   "--constraint", constraints.name]
+        print("+", " ".join(command[2:]), f"({len(kept)} installed packages kept as they are)", flush=True)
+        return subprocess.call(command)
+    finally:
+        os.unlink(constraints.name)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

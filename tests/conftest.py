@@ -7,6 +7,21 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 sys.path.insert(0, os.path.dirname(__file__))
 
 
+def _keras_2_named_tf_keras():
+    """The tests build their Keras models with Keras 2 and call it `tf_keras`, the package that is
+    Keras 2 from TensorFlow 2.16 on (tests/install.py installs it there). Up to 2.15 there is no such
+    package: Keras 2 is TensorFlow's own `tf.keras`, which then answers to that name."""
+    import importlib.util
+    if importlib.util.find_spec("tf_keras") is None:
+        import tensorflow as tf
+        assert tf.keras.__version__.startswith("2."), \
+            f"tf.keras is Keras {tf.keras.__version__} and tf_keras is missing: python tests/install.py"
+        sys.modules["tf_keras"] = tf.keras
+
+
+_keras_2_named_tf_keras()
+
+
 def pytest_collection_finish(session):
     """Importing a test module (or a script it imports for its reference) must not switch
     TensorFlow's behaviour for the whole run: every test not under tests/behaviours.py's switch

@@ -120,4 +120,4 @@ def test_imports_run_down_the_pipeline():
 
 def test_the_top_level_holds_only_entry_points_and_shared_arithmetic():
     top = sorted(p.stem for p in PACKAGE.glob("*.py"))
-    assert top == ["__init__", "__main__", "errors", "hook", "report", "rewrite", "stats"]
+    assert top == ["__init__", "__main__", "errors", "hook", "report", "requirements", "rewrite", "stats"]

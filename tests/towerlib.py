@@ -230,11 +230,13 @@ def _flat(value):
 
 def import_tf_slim():
     """tf_slim, whose batch_norm reaches TensorFlow's lazily loaded tf_keras.legacy_tf_layers, which
-    tf_keras 2.21 ships as tf_keras.src.legacy_tf_layers."""
+    tf_keras 2.21 ships as tf_keras.src.legacy_tf_layers (up to TensorFlow 2.15, TensorFlow's own
+    Keras serves tf_slim: conftest.py names it tf_keras for the tests)."""
     import importlib
     import sys
-    for name in ("", ".base", ".core", ".convolutional", ".normalization", ".pooling"):
-        sys.modules.setdefault("tf_keras.legacy_tf_layers" + name,
-                               importlib.import_module("tf_keras.src.legacy_tf_layers" + name))
+    if hasattr(importlib.import_module("tf_keras"), "__path__"):   # the package, not tf.keras named so
+        for name in ("", ".base", ".core", ".convolutional", ".normalization", ".pooling"):
+            sys.modules.setdefault("tf_keras.legacy_tf_layers" + name,
+                                   importlib.import_module("tf_keras.src.legacy_tf_layers" + name))
     import tf_slim
     return tf_slim

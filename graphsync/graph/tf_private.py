@@ -235,22 +235,27 @@ def session_is_open(session) -> bool:
     return not session._closed  # pylint: disable=protected-access
 
 
-_FIRST_OP_ID = 2   # ids 0 and 1 of a TensorFlow graph are its C++ SOURCE and SINK nodes
+@functools.lru_cache(maxsize=None)
+def _first_op_id() -> int:
+    """The id TensorFlow gives a graph's first op: 2 where ids are the C++ node ids (after SOURCE
+    and SINK; TensorFlow 2.14 on), 1 where they came from a Python counter (up to 2.13)."""
+    with tf.Graph().as_default():
+        return tf.constant(0.0).op._id  # pylint: disable=protected-access
 
 
 def existed_at(op: tf.Operation, version: int) -> bool:
     """Whether `op` existed when its graph's version was `version`.
 
-    TensorFlow numbers a graph's ops in creation order from 2 (Operation._id) and Graph.version
-    counts the ops created so far (none is ever removed): the first `version` ops carry the ids
-    2 … version + 1."""
-    return op._id < version + _FIRST_OP_ID  # pylint: disable=protected-access
+    TensorFlow numbers a graph's ops in creation order (Operation._id, from `_first_op_id()`) and
+    Graph.version counts the ops created so far (none is ever removed): the first `version` ops
+    carry the ids first … first + version - 1."""
+    return op._id < version + _first_op_id()  # pylint: disable=protected-access
 
 
 def ops_added_since(graph: tf.Graph, version: int) -> list:
     """The ops created since `graph.version` was `version`, oldest first; costs their number only."""
-    by_id = graph._nodes_by_id  # pylint: disable=protected-access
-    return [by_id[i] for i in range(version + _FIRST_OP_ID, graph.version + _FIRST_OP_ID) if i in by_id]
+    by_id, first = graph._nodes_by_id, _first_op_id()  # pylint: disable=protected-access
+    return [by_id[i] for i in range(version + first, graph.version + first) if i in by_id]
 
 
 def creation_order(op: tf.Operation) -> int:
@@ -395,6 +400,20 @@ def _plain_context(graph: tf.Graph, op_type: str, inputs) -> bool:
                 or any(callable(value) for value in graph._attr_scope_map.values())
                 or graph._op_to_kernel_label_map or op_type in graph._gradient_override_map
                 or graph._container or graph._default_original_op is not None)
+
+
+def add_function(function, graph: tf.Graph) -> None:
+    """Adds a traced tf.function (ConcreteFunction) to `graph`'s library, for call ops graphsync
+    makes in it. Where `graph` is a function being traced, the definition is registered with the
+    eager runtime too: up to TensorFlow 2.13 a traced function runs with the functions that runtime
+    knows, not with its graph's library ("Can't find a function" at the first step)."""
+    # pylint: disable=import-outside-toplevel,protected-access
+    function.add_to_graph(graph)
+    if graph._building_function:
+        from tensorflow.python.eager import context
+        runtime = context.context()
+        if not runtime.has_function(function.name):
+            runtime.add_function_def(function.function_def)
 
 
 def _op_def_for_type(graph: tf.Graph, op_type: str):

@@ -10,7 +10,8 @@ import os
 os.environ["TF_USE_LEGACY_KERAS"] = "1"
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-import tf_keras as keras  # noqa: E402
+
+keras = tf.keras   # Keras 2: TensorFlow's own up to 2.15, tf_keras from 2.16 (TF_USE_LEGACY_KERAS)
 
 strategy = tf.distribute.experimental.ParameterServerStrategy(
     tf.distribute.cluster_resolver.TFConfigClusterResolver())

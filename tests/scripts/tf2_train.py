@@ -4,7 +4,7 @@ a strategy (the reference: the whole batch on one device).
 
     python tf2_train.py OUT.npz --api fit|loop|keras3 --devices N [options]
 
-`--api fit` trains with tf_keras' model.fit, `loop` with a custom loop (strategy.run of a
+`--api fit` trains with Keras 2's model.fit (tf.keras: tf_keras from TensorFlow 2.16), `loop` with a custom loop (strategy.run of a
 tf.function step with a GradientTape, loss averaged over the global batch), `keras3` with Keras
 3's model.fit. OUT.npz holds, for the strategy run and the reference: every weight after the
 steps, and the moving mean and variance of every batch norm as each replica holds them.
@@ -56,7 +56,7 @@ import tensorflow as tf  # noqa: E402
 if args.api == "keras3":
     import keras
 else:
-    import tf_keras as keras
+    keras = tf.keras   # Keras 2: TensorFlow's own up to 2.15, tf_keras from 2.16 (TF_USE_LEGACY_KERAS)
 
 if args.multiworker:
     if args.local > 1:   # TensorFlow gives a CPU-only worker one replica: these tests' workers have N "GPUs"

@@ -7,18 +7,21 @@ plain python.
     python train_keras_app.py OUT [--sizes 3,5]...
 
 One training step for each --sizes asked for (`--sizes 8`: one device), each on its own graph from
-the same initial weights (tf_keras.utils.set_random_seed). Saves OUT (.npz): every weight of the
+the same initial weights (keras.utils.set_random_seed). Saves OUT (.npz): every weight of the
 model before (`SIZES/before/NAME`) and after (`SIZES/after/NAME`) the step.
 """
 import argparse
+import os
 
-import numpy as np
-import tensorflow as tf
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")   # tf.keras is Keras 2 (tf_keras) from TensorFlow 2.16 on too
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+keras = tf.keras   # Keras 2: TensorFlow's own up to 2.15, tf_keras from 2.16 (TF_USE_LEGACY_KERAS)
 
 tf1 = tf.compat.v1
 tf1.disable_eager_execution()
 
-import tf_keras  # noqa: E402
 
 CONFIG = tf1.ConfigProto(device_count={"CPU": 4}, inter_op_parallelism_threads=2, intra_op_parallelism_threads=1)
 CONFIG.graph_options.rewrite_options.disable_meta_optimizer = True   # grappler: 3–4 s per graph of 8k ops
@@ -36,7 +39,7 @@ def data(total, seed=0):
 def build(sizes, learning_rate=0.1):
     """The model and its towers in the default graph: (model, train_op)."""
     images, labels = data(sum(sizes))
-    model = tf_keras.applications.MobileNetV2(input_shape=IMAGE, alpha=0.35, weights=None, classes=CLASSES,
+    model = keras.applications.MobileNetV2(input_shape=IMAGE, alpha=0.35, weights=None, classes=CLASSES,
                                               classifier_activation=None)
     optimizer = tf1.train.GradientDescentOptimizer(learning_rate)
     tower_grads, updates, start = [], [], 0
@@ -66,7 +69,7 @@ def main():
     for text in args.sizes or ["3,5"]:
         sizes = [int(s) for s in text.split(",")]
         with tf.Graph().as_default():
-            tf_keras.utils.set_random_seed(0)
+            keras.utils.set_random_seed(0)
             model, train_op = build(sizes)
             weights = {v.name: v for v in model.weights}
             with tf1.train.MonitoredTrainingSession(config=CONFIG, log_step_count_steps=None,

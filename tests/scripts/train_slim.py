@@ -11,6 +11,7 @@ variables are in LOGDIR's checkpoint.
 """
 import argparse
 import importlib
+import importlib.util
 import os
 import sys
 
@@ -21,10 +22,12 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 # tf_slim's batch_norm reaches TensorFlow's lazily loaded tf_keras.legacy_tf_layers, which tf_keras
-# 2.21 ships as tf_keras.src.legacy_tf_layers (see tf-notes.md)
-for _name in ("", ".base", ".core", ".convolutional", ".normalization", ".pooling"):
-    sys.modules.setdefault("tf_keras.legacy_tf_layers" + _name,
-                           importlib.import_module("tf_keras.src.legacy_tf_layers" + _name))
+# 2.21 ships as tf_keras.src.legacy_tf_layers (see tf-notes.md); up to TensorFlow 2.15 there is no
+# tf_keras, and TensorFlow's own Keras serves tf_slim
+if importlib.util.find_spec("tf_keras") is not None:
+    for _name in ("", ".base", ".core", ".convolutional", ".normalization", ".pooling"):
+        sys.modules.setdefault("tf_keras.legacy_tf_layers" + _name,
+                               importlib.import_module("tf_keras.src.legacy_tf_layers" + _name))
 import tf_slim as slim  # noqa: E402
 
 tf1 = tf.compat.v1

@@ -328,10 +328,12 @@ def test_multi_worker_processes_equal_one_device_and_plain_python_does_not(tmp_p
 
 
 LOAD_AND_PREDICT = """
-import sys, numpy as np, tf_keras
+import os, sys, numpy as np
+os.environ["TF_USE_LEGACY_KERAS"] = "1"
+import tensorflow as tf   # tf.keras: Keras 2, TensorFlow's own up to 2.15, tf_keras from 2.16
 x = np.load(sys.argv[1])
 for saved, out in zip(sys.argv[2::2], sys.argv[3::2]):
-    np.save(out, tf_keras.models.load_model(saved).predict(x, batch_size=8, verbose=0))
+    np.save(out, tf.keras.models.load_model(saved).predict(x, batch_size=8, verbose=0))
 """
 
 

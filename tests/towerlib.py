@@ -234,7 +234,7 @@ def import_tf_slim():
     Keras serves tf_slim: conftest.py names it tf_keras for the tests)."""
     import importlib
     import sys
-    if hasattr(importlib.import_module("tf_keras"), "__path__"):   # the package, not tf.keras named so
+    if importlib.import_module("tf_keras").__name__ == "tf_keras":   # the package, not tf.keras named so
         for name in ("", ".base", ".core", ".convolutional", ".normalization", ".pooling"):
             sys.modules.setdefault("tf_keras.legacy_tf_layers" + name,
                                    importlib.import_module("tf_keras.src.legacy_tf_layers" + name))

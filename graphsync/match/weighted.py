@@ -4,7 +4,7 @@
     mean = DivNoNan(Sum(w·x, axes, keep_dims), W)
     variance = DivNoNan(Sum(w·(x − m̃)², axes, keep_dims), W),  m̃ = mean or StopGradient(mean)
 
-(then Squeeze when keepdims=False). Towers merge weighted by their summed weights W_t, not their
+(then Squeeze when keepdims=False). Up to TensorFlow 2.13 each division is Mul(…, Reciprocal(W)). Towers merge weighted by their summed weights W_t, not their
 counts (graphsync.stats.weighted_local_moments): one exchange per layer, float64, as the other
 forms. That needs one W per tower, so weights must be the same for every statistic — per example
 or per pixel (masks of ignored pixels), broadcast over the channels. Weights that vary per channel
@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from graphsync.graph import by_type
+from graphsync.graph import by_type, tf_private
 from graphsync.match.candidate import Candidate
 from graphsync.match.handwritten import candidate
 from graphsync.match.reductions import MeanOf, const_axes
 
-STARTS = ("DivNoNan", "RealDiv")   # the op types candidates() starts from (see match.starting_types)
+STARTS = ("DivNoNan", "RealDiv", "Mul")   # the op types candidates() starts from (see match.starting_types)
 
 
 def candidates(graph: tf.Graph) -> list[Candidate]:
@@ -39,9 +39,23 @@ def candidates(graph: tf.Graph) -> list[Candidate]:
     return found
 
 
+def _divided(op: tf.Operation):
+    """(numerator, denominator) of a division: DivNoNan(a, b), RealDiv(a, b) or Mul(a, Reciprocal(b));
+    None for any other op."""
+    if op.type == "Mul":
+        if tf_private.input_types(op)[1] != "Reciprocal":
+            return None
+        total, inverse = op.inputs
+        return total, inverse.op.inputs[0]
+    return tuple(op.inputs) if op.type in ("DivNoNan", "RealDiv") else None
+
+
 def _weighted_mean(op: tf.Operation):
     """(MeanOf the weighted mean of x, w, W) when `op` is DivNoNan(Sum(w·x), Sum(w + zeros_like(x)))."""
-    total, summed = op.inputs
+    divided = _divided(op)
+    if divided is None:
+        return None
+    total, summed = divided
     if total.op.type != "Sum" or summed.op.type != "Sum" or total.op.inputs[0].op.type != "Mul":
         return None
     rank = total.op.inputs[0].shape.rank
@@ -83,7 +97,8 @@ def _variance(mean: MeanOf, weights: tf.Tensor, summed: tf.Tensor):
                 if total.type != "Sum":
                     continue
                 for division in total.outputs[0].consumers():
-                    if division.type in ("DivNoNan", "RealDiv") and division.inputs[1] is summed:
+                    divided = _divided(division)
+                    if divided is not None and divided[0] is total.outputs[0] and divided[1] is summed:
                         return division, centre is mean.tensor
     return None
 

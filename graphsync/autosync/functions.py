@@ -148,7 +148,9 @@ def _trains_batch_norm(graph) -> bool:
 def _merged_by_the_model(graph) -> int:
     """How many batch statistics the step already merges across replicas itself (an all-reduce
     of local sums: Keras' synchronized batch norm): those the rule finds merged, and those whose
-    value reaches a collective all-reduce within a few ops (Keras 3 packs its sums into one)."""
+    value reaches a cross-replica sum within a few ops: a collective all-reduce (Keras 3 packs its
+    sums into one), or a sum of the replicas' values on one device (MirroredStrategy's reduction
+    to one device, which tf.keras' all-reduce takes on TensorFlow 2.12's CPUs)."""
     from graphsync import batch_axis
     from graphsync.graph import tf_private
     with tf_private.tensors_compared_as_nodes():
@@ -158,15 +160,23 @@ def _merged_by_the_model(graph) -> int:
                    for op, crossed in analysis.cross.items())
 
 
-def _all_reduced(op, depth: int = 6) -> bool:
+def _all_reduced(op, depth: int = 6, summed_within: int = 3) -> bool:
     from graphsync.graph.op_types import COLLECTIVE_TYPES
     frontier, seen = [op], {op}
-    for _ in range(depth):
+    for hop in range(depth):
         frontier = [c for o in frontier for t in o.outputs for c in t.consumers() if c not in seen]
-        if any(c.type in COLLECTIVE_TYPES for c in frontier):
+        if any(c.type in COLLECTIVE_TYPES or (hop < summed_within and _sums_replicas(c)) for c in frontier):
             return True
         seen.update(frontier)
     return False
+
+
+def _sums_replicas(op) -> bool:
+    """Whether `op` adds up the replicas' copies of one value: an AddN of ops of one type, each on
+    its own device."""
+    inputs = [t.op for t in op.inputs]
+    return (op.type == "AddN" and len({i.type for i in inputs}) == 1
+            and len({i.device for i in inputs}) == len(inputs) > 1)
 
 
 def _on_several_devices(graph) -> bool:

@@ -74,7 +74,7 @@ def build(model_fn, batch_sizes, *, scope="tower_%d", devices=None, gradients="a
                 with tf1.device(devices[i]), _scope(names[i]):
                     per_tower.append(tf.gradients(loss, variables))
             # identity: a consumer the rewrite can reroute (tensors held in Python cannot change)
-            summed = [tf.identity(tf.add_n(list(gs))) for gs in zip(*per_tower)]
+            summed = [tf.identity(sum_in_order(gs)) for gs in zip(*per_tower)]
         opt = tf1.train.GradientDescentOptimizer(LEARNING_RATE)
         # ref variables (TF1 behaviour) are read without snapshots: no update before every gradient
         reads_refs = any(v.op.type == "VariableV2" for v in variables)
@@ -83,6 +83,22 @@ def build(model_fn, batch_sizes, *, scope="tower_%d", devices=None, gradients="a
         if gradients == "after":
             rewrite and rewrite(graph)
         return Built(graph, inputs, targets, outputs, losses, summed, train_op, variables, moving)
+
+
+def sum_in_order(tensors):
+    """(t0 + t1) + t2 + …, the same bits every run; what tf.add_n adds first is not fixed.
+
+    AddN writes its sum into the buffer of the first input it may forward (one no other op still
+    holds) and adds the rest to it: with three or more inputs, which one that is decides the order
+    of the sum. A synchronized tower's batch-norm scale and offset gradients are also read by the
+    all-reduce of the backward, so whether tower 0's buffer is free when AddN runs is up to the
+    scheduler: (g2 + g1) + g0 now and then instead of (g0 + g1) + g2, one ulp off. An Add of two
+    is commutative bit for bit, whichever input it forwards."""
+    tensors = list(tensors)
+    total = tensors[0]
+    for t in tensors[1:]:
+        total = tf.add(total, t)
+    return total
 
 
 def _scope(name):

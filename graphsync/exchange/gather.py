@@ -72,7 +72,7 @@ class Gather:
         out = [None] * len(sites)
         for g, members in enumerate(self.groups):
             with self._aggregating(graph, layer, tag, g):
-                totals = [self.ops.add_n([values[i][j] for i in members]) for j in range(len(values[members[0]]))]
+                totals = [self.ops.sum_in_order([values[i][j] for i in members]) for j in range(len(values[members[0]]))]
                 if finish is not None:
                     totals = finish(totals, members[0], self.ops)
             for i in members:

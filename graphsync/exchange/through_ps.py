@@ -90,7 +90,7 @@ class PsQueues:
             with marking.exchange(graph, layer.name, name):
                 if len(members) > 1:
                     with pristine_scope(graph, first.device, scope):
-                        local = self.ops.add_n([packed[i] for i in members]) if merge is Merge.ADD else \
+                        local = self.ops.sum_in_order([packed[i] for i in members]) if merge is Merge.ADD else \
                             _LOCAL_EXTREMA[merge]([packed[i] for i in members])
                 total = queues.summed(graph, local, base, self._bases[base], self.process_group.index,
                                       self.process_group.tasks, first.device, scope, merge)

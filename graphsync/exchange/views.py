@@ -36,7 +36,7 @@ EXTREMUM_VIEW_GRADIENT = "GraphsyncExtremumView"
 MISSING_TOWER = ("graphsync: a synchronized layer's gradient was built for only some towers of its sync "
                  "group; differentiate every tower's loss (one tf.gradients per tower, or one over their sum)")
 
-_gathered_gradients = weakref.WeakKeyDictionary()     # graph → {(merged μ, k): AddN being filled}
+_gathered_gradients = weakref.WeakKeyDictionary()     # graph → {(merged μ, k): (places, sum) being filled}
 
 
 def view(graph, site, s: Synchronized, upload, spread: Spread, factor=None, **keys) -> Synchronized:
@@ -148,20 +148,36 @@ def summed_gradient(op, contribution, k):
 
 
 def gathered_sum(op, contribution, k, key, device: str, scope: str, members: int) -> tf.Tensor:
-    """One AddN per (key, k) on `device` under `scope`, which each tower's gradient call fills in at
-    its place (`Mark.MEMBER`): the towers' contributions summed in tower order. A tower whose
-    call never builds it leaves an error in its place (`_missing_tower`)."""
+    """The towers' contributions summed in tower order, ((c0 + c1) + c2) + …, on `device` under
+    `scope`, once per (key, k): each tower's gradient call fills in its place (`Mark.MEMBER`). A
+    tower whose call never builds it leaves an error in its place (`_missing_tower`). A sum of two
+    is one AddN; of more, a chain of adds, since an AddN of three or more adds in whichever order
+    its inputs' buffers free up (fast_ops.FastOps.sum_in_order)."""
     graph = op.graph
     table = _gathered_gradients.setdefault(graph, {})
     if (key, k) not in table:
-        with pristine_scope(graph, device, scope):
-            table[(key, k)] = create_op(
-                graph, "AddN", [_missing_tower(contribution)] * members,
-                {"T": attr_value_pb2.AttrValue(type=contribution.dtype.as_datatype_enum),
-                 "N": attr_value_pb2.AttrValue(i=members)}, "sum")
-    total = table[(key, k)]
-    update_input(total, marks.get(op, Mark.MEMBER), contribution)
-    return total.outputs[0]
+        table[(key, k)] = _slots(graph, contribution, device, scope, members)
+    places, total = table[(key, k)]
+    adder, index = places[marks.get(op, Mark.MEMBER)]
+    update_input(adder, index, contribution)
+    return total
+
+
+def _slots(graph, contribution, device: str, scope: str, members: int) -> tuple:
+    """([(op, input index) of each tower's place], the sum), every place holding `_missing_tower`."""
+    dtype = attr_value_pb2.AttrValue(type=contribution.dtype.as_datatype_enum)
+    with pristine_scope(graph, device, scope):
+        missing = _missing_tower(contribution)
+        if members <= 2:
+            adder = create_op(graph, "AddN", [missing] * members,
+                              {"T": dtype, "N": attr_value_pb2.AttrValue(i=members)}, "sum")
+            return [(adder, i) for i in range(members)], adder.outputs[0]
+        adder = create_op(graph, "AddV2", [missing, missing], {"T": dtype}, "sum")
+        places = [(adder, 0), (adder, 1)]
+        for _ in range(2, members):
+            adder = create_op(graph, "AddV2", [adder.outputs[0], missing], {"T": dtype}, "sum")
+            places.append((adder, 1))
+    return places, adder.outputs[0]
 
 
 def _missing_tower(like: tf.Tensor) -> tf.Tensor:

@@ -87,6 +87,18 @@ class FastOps:
         return self._op("AddN", list(values), name, T=_type(values[0].dtype),
                         N=attr_value_pb2.AttrValue(i=len(values)))[0]
 
+    def sum_in_order(self, values, name=None):
+        """((v0 + v1) + v2) + …: the same bits every run. An AddN of three or more does not fix
+        its order: it adds into the first input whose buffer no other op still holds, so which
+        tower's value comes first is up to the scheduler whenever another op reads them too
+        (one ulp between two runs of the same step). A sum of two is the same bits either way."""
+        if len(values) <= 2:
+            return self.add_n(values, name)
+        total = values[0]
+        for value in values[1:-1]:
+            total = self.binary("AddV2", total, value)
+        return self.binary("AddV2", total, values[-1], name)
+
     def concat(self, values, name=None):
         return self._op("ConcatV2", list(values) + [self.constant(0, tf.int32)], name, T=_type(values[0].dtype),
                         N=attr_value_pb2.AttrValue(i=len(values)), Tidx=_type(tf.int32))[0]

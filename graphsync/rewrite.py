@@ -23,7 +23,7 @@ import tensorflow as tf
 from graphsync.splice import inline
 from graphsync.graph import ref_races
 from graphsync.splice import layer as splice
-from graphsync.splice import reduction, ref_reads, segments, shared_averages
+from graphsync.splice import reduction, ref_reads, segments, shared_averages, shared_updates
 from graphsync.graph import tape, tf_private
 from graphsync.errors import GraphsyncError, GraphsyncWarning
 from graphsync.batch_axis import Verdict
@@ -145,6 +145,8 @@ def _rewrite(graph, options: RewriteOptions) -> RewriteReport:
     if plan.layers:   # the analysis again, on the result: no batch statistic left per tower
         rule.check_rewritten(graph, plan, plan.covered, version, processes=plan.across_processes)
     report.shared_moving = shared_averages.leave_to_first_worker(graph, shared_writes, options.process_group)
+    if plan.layers and plan.across_processes:
+        shared_updates.lock_shared_updates(graph, plan.ps_tasks)
     _say_kept_per_tower(plan.kept_per_tower)
     _say_unfollowed(plan.unfollowed)
     _say_undecided(plan.cross_example)

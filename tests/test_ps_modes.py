@@ -243,6 +243,22 @@ def test_a_step_on_a_ps_sums_through_queues_there_with_no_collective(behaviour, 
         assert ends == ["down/1", "down/1", "up/1", "up/1"], ends
 
 
+@pytest.mark.parametrize("behaviour", ["v1", "v2"])
+@pytest.mark.parametrize("global_step_only", [False, True], ids=["variables-on-ps", "global-step-on-ps"])
+def test_updates_of_variables_on_a_ps_take_their_lock(behaviour, global_step_only):
+    """Workers in lockstep apply their gradients to the ps variables at the same moment: unlocked
+    (GradientDescentOptimizer's default) their read-modify-writes can interleave and lose one
+    worker's update (graphsync/splice/shared_updates.py). Every update of a ps variable takes the
+    variable's lock after the rewrite; a worker's own variables keep what the script chose."""
+    with behaviours.behaviour(behaviour):
+        graph = _ps_graph(global_step_only)
+        updates = [op for op in graph.get_operations() if op.type.endswith("ApplyGradientDescent")]
+        assert len(updates) == 4 and not any(op.get_attr("use_locking") for op in updates)
+        graphsync.rewrite_towers(graph, strategy="allreduce", process_group=graphsync.ProcessGroup(2, 1))
+        locked = {op.name: op.get_attr("use_locking") for op in updates}
+        assert locked == {op.name: not global_step_only for op in updates}, locked
+
+
 def _moving_average_writes(graph):
     """The batch norm's moving mean and variance updates (the only AssignSub of _ps_graph)."""
     return [op for op in graph.get_operations() if op.type in ("AssignSub", "AssignSubVariableOp")]

@@ -238,7 +238,7 @@ def session_is_open(session) -> bool:
 @functools.lru_cache(maxsize=None)
 def _first_op_id() -> int:
     """The id TensorFlow gives a graph's first op: 2 where ids are the C++ node ids (after SOURCE
-    and SINK; TensorFlow 2.14 on), 1 where they came from a Python counter (up to 2.13)."""
+    and SINK; TensorFlow 2.13 on), 1 where they came from a Python counter (2.12)."""
     with tf.Graph().as_default():
         return tf.constant(0.0).op._id  # pylint: disable=protected-access
 
@@ -405,7 +405,7 @@ def _plain_context(graph: tf.Graph, op_type: str, inputs) -> bool:
 def add_function(function, graph: tf.Graph) -> None:
     """Adds a traced tf.function (ConcreteFunction) to `graph`'s library, for call ops graphsync
     makes in it. Where `graph` is a function being traced, the definition is registered with the
-    eager runtime too: up to TensorFlow 2.13 a traced function runs with the functions that runtime
+    eager runtime too: on TensorFlow 2.12 a traced function runs with the functions that runtime
     knows, not with its graph's library ("Can't find a function" at the first step)."""
     # pylint: disable=import-outside-toplevel,protected-access
     function.add_to_graph(graph)
@@ -417,15 +417,15 @@ def add_function(function, graph: tf.Graph) -> None:
 
 
 def _op_def_for_type(graph: tf.Graph, op_type: str):
-    """The OpDef of `op_type` as `graph` knows it (Graph._get_op_def up to TensorFlow 2.13)."""
+    """The OpDef of `op_type` as `graph` knows it (Graph._get_op_def on TensorFlow 2.12)."""
     # pylint: disable=protected-access
     return graph.op_def_for_type(op_type) if hasattr(graph, "op_def_for_type") else graph._get_op_def(op_type)
 
 
 def default_strategy():
     """tf.distribute's default strategy (no replicas of its own): the one get_strategy() returns
-    outside every scope, whatever scope this is called in (distribution_strategy_context held it up
-    to TensorFlow 2.13)."""
+    outside every scope, whatever scope this is called in (distribution_strategy_context held it on
+    TensorFlow 2.12)."""
     # pylint: disable=import-outside-toplevel,protected-access
     from tensorflow.python.distribute import distribute_lib
     if hasattr(distribute_lib, "_get_default_strategy"):

@@ -4,9 +4,9 @@
     mean = DivNoNan(Sum(w·x, axes, keep_dims), W)
     variance = DivNoNan(Sum(w·(x − m̃)², axes, keep_dims), W),  m̃ = mean or StopGradient(mean)
 
-(then Squeeze when keepdims=False). Up to TensorFlow 2.13 each division is Mul(…, Reciprocal(W)). Towers merge weighted by their summed weights W_t, not their
-counts (graphsync.stats.weighted_local_moments): one exchange per layer, float64, as the other
-forms. That needs one W per tower, so weights must be the same for every statistic — per example
+(then Squeeze when keepdims=False; on TensorFlow 2.12 each division is Mul(…, Reciprocal(W))).
+Towers merge weighted by their summed weights W_t, not their counts
+(graphsync.stats.weighted_local_moments): one exchange per layer, float64, as the other forms. That needs one W per tower, so weights must be the same for every statistic — per example
 or per pixel (masks of ignored pixels), broadcast over the channels. Weights that vary per channel
 are no candidate: the rule (graphsync/plan/rule.py) synchronizes their sums Σw·x, Σw, Σw·(x − μ)²
 as reductions, as it does when TensorFlow folded `zeros_like(x)` into a constant.

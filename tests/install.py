@@ -8,7 +8,8 @@ resolves either by upgrading TensorFlow, Keras and numpy under the user's code. 
 - the installed TensorFlow and the installed packages it requires, transitively (Keras, numpy,
   protobuf, tensorboard, …), go to pip as constraints, at the versions found;
 - tf_keras is asked for only where `tf.keras` is Keras 3 (TensorFlow 2.16 on), at TensorFlow's
-  minor version; up to 2.15, `tf.keras` is Keras 2 itself;
+  minor version (without its dependencies where TensorFlow is installed as tensorflow-cpu: tf_keras
+  requires the package named tensorflow); up to 2.15, `tf.keras` is Keras 2 itself;
 - with no TensorFlow yet, the newest one comes with graphsync's `tensorflow` extra.
 
     python tests/install.py [PIP-ARGS…]     # e.g. -e for an editable install
@@ -62,31 +63,40 @@ def requirement_closure(distribution) -> dict:
 
 
 def pip_arguments(tensorflow) -> tuple:
-    """(requirements, constraints) to give pip for this environment."""
+    """(requirements, constraints, requirements to install without their own) for this environment.
+
+    tf_keras requires the package named `tensorflow`: where TensorFlow is installed under another
+    name (tensorflow-cpu), it goes in on its own, without dependencies, so that pip does not add a
+    second TensorFlow over the first."""
     if tensorflow is None:
-        return [f"{ROOT}[tensorflow,test]", "tf_keras"], {}
+        return [f"{ROOT}[tensorflow,test]", "tf_keras"], {}, []
     kept = requirement_closure(tensorflow)
     for name in ("tf-keras", "keras"):      # a Keras installed beside TensorFlow stays as it is too
         if _installed(name) is not None:
             kept.setdefault(name, _installed(name).version)
-    requirements = [f"{ROOT}[test]"]
+    requirements, alone = [f"{ROOT}[test]"], []
     major, minor = (int(part) for part in tensorflow.version.split(".")[:2])
     if (major, minor) >= FIRST_KERAS_3 and "tf-keras" not in kept:
-        requirements.append(f"tf_keras>={major}.{minor},<{major}.{minor + 1}")
-    return requirements, kept
+        keras = f"tf_keras>={major}.{minor},<{major}.{minor + 1}"
+        (requirements if _canonical(tensorflow.metadata["Name"]) == "tensorflow" else alone).append(keras)
+    return requirements, kept, alone
 
 
 def main(extra_pip_arguments: list) -> int:
-    requirements, kept = pip_arguments(installed_tensorflow())
+    requirements, kept, alone = pip_arguments(installed_tensorflow())
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as constraints:
         constraints.write("".join(f"{name}=={version}\n" for name, version in sorted(kept.items())))
+    pip = [sys.executable, "-m", "pip", "install", *extra_pip_arguments]
     try:
-        command = [sys.executable, "-m", "pip", "install", *extra_pip_arguments, *requirements,
-                   "--constraint", constraints.name]
+        command = [*pip, *requirements, "--constraint", constraints.name]
         print("+", " ".join(command[2:]), f"({len(kept)} installed packages kept as they are)", flush=True)
-        return subprocess.call(command)
+        status = subprocess.call(command)
     finally:
         os.unlink(constraints.name)
+    if status == 0 and alone:
+        print("+", " ".join([*pip[2:], "--no-deps", *alone]), flush=True)
+        status = subprocess.call([*pip, "--no-deps", *alone])
+    return status
 
 
 if __name__ == "__main__":

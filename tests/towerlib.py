@@ -222,6 +222,28 @@ def channels_first_conv_gradients() -> bool:
     return _channels_first_probe["ok"]
 
 
+_fused_probe = {}
+
+
+def fused_batch_norm_kernels(dtype) -> bool:
+    """Whether this CPU's TensorFlow trains a fused batch norm on `dtype` inputs, forward and
+    backward: TensorFlow 2.12 without oneDNN has no bfloat16 kernel ('Op does not support bfloat16
+    inputs'); 2.21 has one either way."""
+    if dtype not in _fused_probe:
+        graph = tf.Graph()
+        with graph.as_default():
+            x = tf.ones([2, 2, 2, 3], dtype)
+            y, _, _ = tf1.nn.fused_batch_norm(x, tf.ones([3]), tf.zeros([3]), is_training=True)
+            grads = tf.gradients(y, [x])
+        with tf1.Session(graph=graph, config=CONFIG) as sess:
+            try:
+                sess.run(grads)
+                _fused_probe[dtype] = True
+            except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError, tf.errors.NotFoundError):
+                _fused_probe[dtype] = False
+    return _fused_probe[dtype]
+
+
 def max_rel_error(got, want):
     """Largest |got − want| over the largest |want| of each compared array."""
     worst = 0.0

@@ -169,12 +169,20 @@ def _differentiated(op) -> bool:
     return any(is_backward(c) for t in op.outputs for c in t.consumers())
 
 
-def _is_merge(op, tower_of) -> bool:
+def _is_merge(op, tower_of, depth: int = 64) -> bool:
     if op.type.startswith(_MERGES) or _is_view(op):
         return True
     if tower_of is None or len(op.inputs) < 2:
         return False
-    return len({tower_of(t.op) for t in op.inputs} - {None}) >= 2
+    towers = {tower_of(t.op) for t in op.inputs} - {None}
+    return len(towers) >= 2 or bool(towers) and depth > 0 and _continues_a_merge(op, tower_of, depth)
+
+
+def _continues_a_merge(op, tower_of, depth: int) -> bool:
+    """Whether `op` adds one more tower's value to a merge of the others': a sum in tower order,
+    ((v0 + v1) + v2) + … (graphsync/graph/fast_ops.py sum_in_order), whose later adds each read
+    one tower and the add before them."""
+    return any(t.op.type == op.type and _is_merge(t.op, tower_of, depth - 1) for t in op.inputs)
 
 
 def _is_view(op) -> bool:

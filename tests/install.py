@@ -15,6 +15,7 @@ resolves either by upgrading TensorFlow, Keras and numpy under the user's code. 
     python tests/install.py [PIP-ARGS…]     # e.g. -e for an editable install
 """
 import importlib.metadata
+import importlib.util
 import os
 import re
 import subprocess
@@ -22,9 +23,17 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TENSORFLOW_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tensorflow-intel",
-                            "tensorflow-macos", "tf-nightly", "tf-nightly-cpu", "intel-tensorflow")
 FIRST_KERAS_3 = (2, 16)   # the first TensorFlow whose tf.keras is Keras 3
+
+
+def _requirements():
+    """graphsync/requirements.py, loaded from its file: importing the graphsync package needs the
+    TensorFlow this script may be about to install."""
+    spec = importlib.util.spec_from_file_location("graphsync_requirements",
+                                                  os.path.join(ROOT, "graphsync", "requirements.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _canonical(name: str) -> str:
@@ -40,7 +49,7 @@ def _installed(name: str):
 
 def installed_tensorflow():
     """The installed TensorFlow distribution (under whichever name it was published), or None."""
-    return next(filter(None, map(_installed, TENSORFLOW_DISTRIBUTIONS)), None)
+    return next(filter(None, map(_installed, _requirements().TENSORFLOW_DISTRIBUTIONS)), None)
 
 
 def requirement_closure(distribution) -> dict:

@@ -14,8 +14,10 @@ rewrite and step only, and none of the default ones is. ResNetRS* is built witho
 ResNetRS200 and larger drop whole blocks at random in training (stochastic depth): noise 0.95–1.4
 even without the top, so they are checked for their rewrite and step only.
 
-The default run takes four families' small models; set
-GRAPHSYNC_ALL_APPLICATIONS=1 for every model of tf_keras.applications (about 40 minutes on 2 cores).
+The default run takes two families' small models (inverted residuals with depthwise convolutions;
+pre-activation residuals), CI's budget: DenseNet121 and InceptionV3 (concatenated branches) took
+200 and 90 s more; set GRAPHSYNC_ALL_APPLICATIONS=1 for every model of tf_keras.applications
+(about 40 minutes on 2 cores).
 """
 import os
 
@@ -30,7 +32,7 @@ pytestmark = pytest.mark.full   # application sweeps (tf_keras applications, min
 
 tf1 = tf.compat.v1
 
-SMALLEST = ["DenseNet121", "InceptionV3", "MobileNetV2", "ResNet50V2"]
+SMALLEST = ["MobileNetV2", "ResNet50V2"]
 EVERY = sorted(name for name in dir(tf_keras.applications) if name[0].isupper()
                and callable(getattr(tf_keras.applications, name)))
 MODELS = EVERY if os.environ.get("GRAPHSYNC_ALL_APPLICATIONS") == "1" else SMALLEST

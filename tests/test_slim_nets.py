@@ -8,8 +8,8 @@ tests/test_applications.py, for the same reason (float32 on small maps disagrees
 the tolerance is 4× that device's own noise (the batch reordered), at least 1e-9.
 
 Dropout is kept at 1 (in training mode it would make one device differ from itself). The default
-run takes resnet_v2_50, inception_v2 and vgg_a (no batch norm: nothing to synchronize, the graph
-must train as it did); GRAPHSYNC_ALL_SLIM_NETS=1 takes all 16 nets of tf_slim.nets (about 30
+run takes resnet_v2_50 and vgg_a (no batch norm: nothing to synchronize, the graph must train as
+it did), CI's budget (inception_v2 took 60 s more); GRAPHSYNC_ALL_SLIM_NETS=1 takes all 16 nets of tf_slim.nets (about 30
 minutes on 2 cores). Measured 2026-12-03, every net rewritten, none refused (error against one
 device; its own noise; unsynchronized):
 
@@ -60,7 +60,7 @@ NETS = {
     "alexnet_v2": (alexnet.alexnet_v2, alexnet.alexnet_v2_arg_scope, 224, _KEEP),
     "overfeat": (overfeat.overfeat, overfeat.overfeat_arg_scope, 231, _KEEP),
 }
-DEFAULT = ["resnet_v2_50", "inception_v2", "vgg_a"]
+DEFAULT = ["resnet_v2_50", "vgg_a"]
 NAMES = sorted(NETS) if os.environ.get("GRAPHSYNC_ALL_SLIM_NETS") == "1" else DEFAULT
 
 

@@ -9,8 +9,8 @@ the tolerance is 4× that device's own noise (the batch reordered), at least 1e-
 
 Dropout is kept at 1 (in training mode it would make one device differ from itself). The default
 run takes resnet_v2_50 and vgg_a (no batch norm: nothing to synchronize, the graph must train as
-it did), CI's budget (inception_v2 took 60 s more); GRAPHSYNC_ALL_SLIM_NETS=1 takes all 16 nets of tf_slim.nets (about 30
-minutes on 2 cores). Measured 2026-12-03, every net rewritten, none refused (error against one
+it did), CI's budget (inception_v2 took 60 s more); GRAPHSYNC_ALL_SLIM_NETS=1 takes all 16 nets
+of tf_slim.nets (about 30 minutes on 2 cores). Measured 2026-12-03, every net rewritten, none refused (error against one
 device; its own noise; unsynchronized):
 
     resnet_v1_50/101/152/200    53/104/155/203 layers   7.6e-14 / 7.1e-13 / 2.6e-12 / 8.9e-12;

@@ -76,7 +76,7 @@ def _lines(stderr: str) -> list:
 
 CASES = {
     # name: script arguments. Four replicas once (loop-4-uneven): the other forms at 2, where a
-    # fourth replica adds nothing but time (fit-4, keras3-4 and loop-4-decoder ran until 2026-12-07)
+    # fourth replica adds nothing but time (fit-4, keras3-4 and loop-4-decoder, until 2026-12-07)
     "fit-2": ["--api", "fit", "--devices", "2", "--examples", "20"],           # a partial last batch
     "loop-2-tensor-flag": ["--api", "loop", "--devices", "2", "--flag", "tensor", "--examples", "20"],
     "loop-4-uneven": ["--api", "loop", "--devices", "4", "--examples", "23"],    # last batch 7: 2, 2, 2, 1
@@ -90,6 +90,7 @@ CASES = {
     "fit-2-train-on-batch": ["--api", "fit", "--devices", "2", "--on-batch", "--examples", "20"],
     # a decoder: the batch norm after a transposed convolution, a Conv2DBackpropInput in the forward
     "fit-2-decoder": ["--api", "fit", "--devices", "2", "--decoder", "--examples", "20"],
+    "loop-2-decoder": ["--api", "loop", "--devices", "2", "--decoder", "--examples", "20"],
     "keras3-2-decoder": ["--api", "keras3", "--devices", "2", "--decoder", "--examples", "20"],
 }
 
